@@ -1,0 +1,64 @@
+"""The backend seam: what the executor needs from anything that runs a model.
+
+A backend runs one *batch* per :meth:`Backend.infer` call, in a worker thread.
+Inputs and outputs are dicts of arrays whose axis 0 is the batch axis (for
+tokenizers, lists of strings in). Backends are created from a
+:class:`usg.graph.ModelDef` by :func:`usg.backends.create_backend`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from usg.specs import TensorSpec
+
+__all__ = ["Backend", "BackendState"]
+
+
+class BackendState(enum.StrEnum):
+    NEW = "new"
+    LOADED = "loaded"
+    CLOSED = "closed"
+
+
+class Backend(abc.ABC):
+    """A model runtime: load once, infer many batches, close."""
+
+    #: the backend kind as written in a graph file (``onnxruntime``, ``tokenizer``, ...)
+    kind: str = "abstract"
+
+    def __init__(self) -> None:
+        self.state = BackendState.NEW
+
+    @property
+    @abc.abstractmethod
+    def input_specs(self) -> Mapping[str, TensorSpec]:
+        """Contracts of the inputs, axis 0 being the batch axis."""
+
+    @property
+    @abc.abstractmethod
+    def output_specs(self) -> Mapping[str, TensorSpec]:
+        """Contracts of the outputs, axis 0 being the batch axis."""
+
+    def load(self) -> None:
+        """Acquire resources (sessions, files). Idempotent."""
+        self.state = BackendState.LOADED
+
+    @abc.abstractmethod
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one batch. Called from a worker thread; must not keep references to inputs."""
+
+    def close(self) -> None:
+        self.state = BackendState.CLOSED
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        """Free-form metadata the model file carries (e.g. a vocabulary)."""
+        return {}
+
+    @property
+    def description(self) -> str:
+        return self.kind

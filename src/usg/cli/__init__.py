@@ -1,0 +1,98 @@
+"""The ``usg`` command line: a thin layer that parses, calls a function, renders.
+
+Subcommands live one per module in this package and are imported only when
+invoked, so ``usg plan`` does not pay for importing onnxruntime or starlette.
+Every :class:`usg.errors.USGError` becomes a one-paragraph message and a
+non-zero exit code (2 for usage problems, 1 otherwise) — never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+import click
+
+from usg.errors import GraphError, UsageError, USGError
+
+# command name -> "module:attribute" (a click.Command)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("usg.cli.run_cmd:run", "Push inputs through a graph and print its outputs."),
+    "graph": ("usg.cli.graph_cmd:graph", "Inspect a graph: nodes, edges, specs, pruning."),
+    "export": ("usg.cli.export_cmd:export", "Export models to ONNX (e.g. a Hugging Face text encoder)."),
+    "serve": ("usg.cli.serve_cmd:serve", "Serve a graph over HTTP (JSON/multipart and Open Inference v2)."),
+    "doctor": ("usg.cli.doctor_cmd:doctor", "Check ONNX models, Triton repositories, graphs, logs."),
+    "plan": ("usg.cli.plan_cmd:plan", "Size weights, KV cache and engine limits for LLM/VLM serving."),
+    "bench": ("usg.cli.bench_cmd:bench", "Benchmark a graph or server against the alternatives."),
+    "tune": ("usg.cli.bench_cmd:tune", "Profile models and choose batch sizes and threads."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in _COMMANDS if self._available(name))
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module = _COMMANDS[name][0].split(":")[0]
+        return importlib.util.find_spec(module) is not None
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = _COMMANDS.get(cmd_name)
+        if entry is None or not self._available(cmd_name):
+            return None
+        module_name, attr = entry[0].split(":")
+        module = importlib.import_module(module_name)
+        cmd = getattr(module, attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="usg")
+def cli() -> None:
+    """USG — Unified Serving Graph: serve multimodal pipelines, check their contracts."""
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point: maps USG errors to a message and an exit code."""
+    try:
+        return cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except UsageError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except GraphError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except USGError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug of ours: say so in one paragraph; USG_DEBUG=1 shows the traceback
+        if os.environ.get("USG_DEBUG"):
+            raise
+        click.echo(
+            f"internal error: {type(exc).__name__}: {exc}\n"
+            "This is a bug in usg; rerun with USG_DEBUG=1 for the traceback and report it.",
+            err=True,
+        )
+        sys.exit(1)

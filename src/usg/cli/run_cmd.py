@@ -1,0 +1,122 @@
+"""``usg run GRAPH --input NAME=VALUE ... [--json]``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from usg.cli.common import err_console, load_graph_for_cli, out_console
+from usg.errors import InputError, UsageError
+from usg.graph import Graph
+from usg.runtime import Executor, InferResult
+from usg.specs import Modality
+
+__all__ = ["parse_inputs", "run"]
+
+
+def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``image=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--input {pair!r} is not NAME=VALUE; fix: write e.g. --input image=page.png")
+        d = graph.inputs.get(name)
+        if d is None:
+            raise UsageError(
+                f"--input {name}=...: graph {graph.name!r} has no input {name!r}; "
+                f"fix: use one of {', '.join(sorted(graph.inputs))}"
+            )
+        if d.modality is Modality.TEXT:
+            if value.startswith("@"):
+                try:
+                    value = Path(value[1:]).read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise InputError(
+                        f"{name}: cannot read {value[1:]!r}: {exc.strerror}",
+                        field=name,
+                        fix="pass an existing UTF-8 text file after @",
+                    ) from None
+            out[name] = value
+        elif d.modality is Modality.IMAGE:
+            out[name] = Path(value)
+        else:
+            path = Path(value)
+            if not path.is_file():
+                raise InputError(f"{name}: file {value!r} does not exist", field=name, fix="pass a .npy file")
+            try:
+                out[name] = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise InputError(
+                    f"{name}: {value!r} is not a .npy array ({exc})",
+                    field=name,
+                    fix="save the tensor with numpy.save",
+                ) from None
+    return out
+
+
+def _render(result: InferResult) -> None:
+    for name, value in result.outputs.items():
+        if name == "lines" and isinstance(value, list):
+            table = Table(title=f"{name} ({len(value)})", show_lines=False)
+            table.add_column("#", justify="right")
+            table.add_column("text")
+            table.add_column("score", justify="right")
+            table.add_column("box (x0,y0 → x2,y2)")
+            for i, line in enumerate(value):
+                box = line["box"]
+                table.add_row(
+                    str(i),
+                    line["text"],
+                    f"{line['score']:.3f}",
+                    f"{box[0][0]:.0f},{box[0][1]:.0f} → {box[2][0]:.0f},{box[2][1]:.0f}",
+                )
+            out_console.print(table)
+        elif isinstance(value, np.ndarray):
+            head = ", ".join(f"{v:.4f}" for v in value.reshape(-1)[:6])
+            norm = float(np.linalg.norm(value.reshape(value.shape[0], -1), axis=1)[0]) if value.size else 0.0
+            out_console.print(
+                f"[bold]{name}[/]: {value.dtype}{list(value.shape)}  [{head}, …]  ‖row0‖={norm:.4f}"
+            )
+        else:
+            out_console.print(f"[bold]{name}[/]: {value!r}")
+    if result.pruned_nodes:
+        out_console.print(f"[dim]pruned: {', '.join(result.pruned_nodes)}[/]")
+    timings = ", ".join(f"{k} {v:.1f}" for k, v in result.node_ms.items())
+    out_console.print(f"[dim]node ms: {timings}[/]")
+
+
+@click.command("run")
+@click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
+@click.option(
+    "--input",
+    "-i",
+    "inputs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A graph input: image=PATH, text=STRING or text=@FILE, tensor=FILE.npy. Repeatable.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Request deadline in seconds.")
+@click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
+def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool) -> None:
+    """Push inputs through a graph and print its outputs."""
+    graph = load_graph_for_cli(graph_path)
+    values = parse_inputs(graph, inputs)
+    executor = Executor(graph, batching=not no_batching, timeout_s=timeout)
+    try:
+        if not as_json:
+            with err_console.status("loading models"):
+                executor.start_sync()
+        result = executor.infer_sync(values)
+    finally:
+        executor.close()
+    if as_json:
+        click.echo(json.dumps(result.to_json_dict(), ensure_ascii=False))
+    else:
+        _render(result)

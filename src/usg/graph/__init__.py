@@ -1,0 +1,40 @@
+"""Typed serving graphs: data model, YAML loader, Python builder, build-time validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from usg.graph.builder import GraphBuilder
+from usg.graph.loader import parse_graph, read_graph_file
+from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, PadPolicy, Ref
+from usg.graph.validate import describe_model, validate_graph
+
+__all__ = [
+    "BatchPolicy",
+    "Graph",
+    "GraphBuilder",
+    "InputDef",
+    "ModelDef",
+    "NodeDef",
+    "PadPolicy",
+    "Ref",
+    "describe_model",
+    "load_graph",
+]
+
+
+def load_graph(path: str | Path, *, export_missing: bool = False) -> Graph:
+    """Read, validate and return the graph in a YAML file.
+
+    With ``export_missing``, models whose file is missing but which declare an
+    ``export:`` recipe are produced first (e.g. MiniLM exported to ONNX).
+    Raises :class:`usg.errors.GraphError` listing every problem found.
+    """
+    p = Path(path).expanduser().resolve()
+    data = read_graph_file(p)
+    name, inputs, models, nodes, outputs, limits, problems = parse_graph(data, p.parent, str(p))
+    if export_missing and not problems:
+        from usg.export import export_missing_models
+
+        export_missing_models(models.values())
+    return validate_graph(name, inputs, models, nodes, outputs, source=p, limits=limits, problems=problems)

@@ -1,0 +1,130 @@
+"""Build a graph in Python; produces the same dataclasses and runs the same validation as YAML."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from usg.errors import GraphProblem
+from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.graph.validate import validate_graph
+from usg.specs import Modality, TensorSpec
+
+__all__ = ["GraphBuilder"]
+
+
+class GraphBuilder:
+    """Fluent builder::
+
+    g = (GraphBuilder("embed")
+         .input("text", "text")
+         .model("tok", "tokenizer", path="tokenizer.json")
+         .node("tok", model="tok", inputs={"text": "inputs.text"})
+         .output("ids", "tok.input_ids")
+         .build())
+    """
+
+    def __init__(self, name: str = "graph", *, base_dir: Path | None = None) -> None:
+        self.name = name
+        self.base_dir = base_dir
+        self._inputs: dict[str, InputDef] = {}
+        self._models: dict[str, ModelDef] = {}
+        self._nodes: dict[str, NodeDef] = {}
+        self._outputs: dict[str, Ref] = {}
+        self._limits: dict[str, Any] = {}
+        self._problems: list[GraphProblem] = []
+
+    def _ref(self, where: str, text: str) -> Ref:
+        try:
+            return Ref.parse(text)
+        except ValueError as exc:
+            self._problems.append(GraphProblem(where, str(exc), "write inputs.NAME or NODE.PORT"))
+            return Ref("?", "?")
+
+    def input(
+        self,
+        name: str,
+        modality: Modality | str = Modality.TENSOR,
+        *,
+        spec: TensorSpec | None = None,
+        optional: bool = False,
+    ) -> GraphBuilder:
+        mod = Modality(modality)
+        if spec is None and mod is Modality.IMAGE:
+            spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
+        self._inputs[name] = InputDef(name, mod, spec, optional)
+        return self
+
+    def model(
+        self,
+        name: str,
+        backend: str = "onnxruntime",
+        *,
+        path: str | Path | None = None,
+        options: Mapping[str, Any] | None = None,
+        batch: BatchPolicy | None = None,
+        input_specs: Mapping[str, TensorSpec] | None = None,
+    ) -> GraphBuilder:
+        resolved: Path | None = None
+        if path is not None:
+            from usg.graph.paths import resolve_path
+
+            resolved = resolve_path(str(path), self.base_dir)
+        self._models[name] = ModelDef(
+            name, backend, resolved, dict(options or {}), batch or BatchPolicy(), dict(input_specs or {})
+        )
+        return self
+
+    def node(
+        self,
+        name: str,
+        *,
+        inputs: Mapping[str, str],
+        model: str | None = None,
+        fn: str | None = None,
+        map: bool | str | list[str] = False,
+        options: Mapping[str, Any] | None = None,
+    ) -> GraphBuilder:
+        refs = {p: self._ref(f"nodes.{name}.inputs.{p}", r) for p, r in inputs.items()}
+        if (model is None) == (fn is None):
+            self._problems.append(
+                GraphProblem(
+                    f"nodes.{name}",
+                    "a node needs exactly one of model or fn",
+                    "pass model=MODEL_NAME or fn='package.module:function'",
+                )
+            )
+        ports: tuple[str, ...] = ()
+        if map is True:
+            ports = tuple(refs)
+        elif isinstance(map, str):
+            ports = (map,)
+        elif isinstance(map, list):
+            ports = tuple(map)
+        self._nodes[name] = NodeDef(name, refs, model, fn, ports, dict(options or {}))
+        return self
+
+    def output(self, name: str, ref: str) -> GraphBuilder:
+        self._outputs[name] = self._ref(f"outputs.{name}", ref)
+        return self
+
+    def limits(self, **limits: Any) -> GraphBuilder:
+        self._limits.update(limits)
+        return self
+
+    def build(self) -> Graph:
+        problems = list(self._problems)
+        if not self._outputs:
+            problems.append(
+                GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')")
+            )
+        return validate_graph(
+            self.name,
+            self._inputs,
+            self._models,
+            self._nodes,
+            self._outputs,
+            limits=self._limits,
+            problems=problems,
+        )

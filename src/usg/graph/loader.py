@@ -1,0 +1,311 @@
+"""Read a graph YAML file into the graph dataclasses, collecting every schema problem."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from usg.errors import GraphError, GraphProblem
+from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
+from usg.graph.paths import PathResolutionError, resolve_path
+from usg.specs import Modality, TensorSpec
+
+__all__ = ["parse_graph", "read_graph_file"]
+
+_TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "description"}
+_INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
+_MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
+_BATCH_KEYS = {"max_size", "max_delay_ms", "preferred_sizes", "pad", "max_tokens", "max_pixels", "max_queue"}
+_PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
+_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description"}
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.problems: list[GraphProblem] = []
+
+    def add(self, where: str, message: str, fix: str) -> None:
+        self.problems.append(GraphProblem(where, message, fix))
+
+    def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+        for key in data:
+            if key not in allowed:
+                self.add(
+                    f"{where}.{key}",
+                    f"unknown key {key!r}",
+                    f"remove it, or use one of: {', '.join(sorted(allowed))}",
+                )
+
+
+def read_graph_file(path: Path) -> dict[str, Any]:
+    """Load the YAML mapping; malformed YAML becomes a GraphError with line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GraphError(
+            [GraphProblem(str(path), "graph file does not exist", "check the path you passed")]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GraphError(
+            [GraphProblem(str(path), f"cannot read graph file: {exc}", "pass a UTF-8 YAML file")]
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise GraphError(
+            [
+                GraphProblem(
+                    where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line"
+                )
+            ],
+            source=str(path),
+        ) from None
+    except yaml.YAMLError as exc:
+        raise GraphError([GraphProblem(str(path), f"malformed YAML: {exc}", "fix the YAML syntax")]) from None
+    if not isinstance(data, dict):
+        raise GraphError(
+            [
+                GraphProblem(
+                    str(path),
+                    f"top level is {type(data).__name__}, not a mapping",
+                    "write a mapping with keys name, inputs, models, nodes, outputs",
+                )
+            ],
+            source=str(path),
+        )
+    return data
+
+
+def _spec(c: _Collector, where: str, data: Mapping[str, Any]) -> TensorSpec | None:
+    if not any(k in data for k in ("dtype", "shape", "range", "layout")):
+        return None
+    try:
+        return TensorSpec.from_dict(data)
+    except (TypeError, ValueError, IndexError) as exc:
+        c.add(
+            where,
+            f"invalid tensor spec {dict(data)}: {exc}",
+            "dtype: a numpy dtype name; shape: a list; range: [lo, hi]",
+        )
+        return None
+
+
+def _mapping(c: _Collector, where: str, value: Any, fix: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        c.add(where, f"expected a mapping, got {type(value).__name__} {value!r}", fix)
+        return {}
+    return value
+
+
+def _pad(c: _Collector, where: str, data: Any) -> PadPolicy | None:
+    data = _mapping(c, where, data, "write pad: {axes: {INPUT: [AXIS]}, multiple: N}")
+    if not data:
+        return None
+    c.unknown_keys(where, data, _PAD_KEYS)
+    raw_axes = data.get("axes")
+    axes: dict[str, tuple[int, ...]] = {}
+    if isinstance(raw_axes, dict):
+        axes = {
+            str(k): tuple(int(a) for a in (v if isinstance(v, list) else [v])) for k, v in raw_axes.items()
+        }
+    elif isinstance(raw_axes, list):
+        axes = {"*": tuple(int(a) for a in raw_axes)}
+    else:
+        c.add(
+            f"{where}.axes",
+            f"axes is {raw_axes!r}",
+            "write axes: {INPUT_NAME: [AXIS, ...]} or axes: [AXIS, ...]",
+        )
+    buckets = tuple(sorted(int(b) for b in data.get("buckets", []) or []))
+    multiple = data.get("multiple")
+    if multiple is not None and (not isinstance(multiple, int) or multiple < 1):
+        c.add(f"{where}.multiple", f"multiple is {multiple!r}", "use a positive integer such as 8 or 32")
+        multiple = None
+    raw_value = data.get("value", {})
+    value = (
+        {str(k): float(v) for k, v in raw_value.items()}
+        if isinstance(raw_value, dict)
+        else {"*": float(raw_value)}
+    )
+    trim: dict[str, dict[int, tuple[str, int, int]]] = {}
+    for out_name, rules in (data.get("trim") or {}).items():
+        trim[str(out_name)] = {}
+        for axis, rule in (rules or {}).items():
+            # rule: "x:3/8" -> output axis follows input x axis 3, divided by 8
+            try:
+                src, _, rest = str(rule).partition(":")
+                in_axis, _, div = rest.partition("/")
+                trim[str(out_name)][int(axis)] = (src, int(in_axis), int(div or 1))
+            except ValueError:
+                c.add(
+                    f"{where}.trim.{out_name}",
+                    f"trim rule {rule!r}",
+                    "write OUTPUT_AXIS: 'INPUT:AXIS/DIVISOR'",
+                )
+    return PadPolicy(axes=axes, multiple=multiple, buckets=buckets, value=value, trim=trim)
+
+
+def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
+    data = _mapping(c, where, data, "write batch: {max_size: N, max_delay_ms: MS}")
+    c.unknown_keys(where, data, _BATCH_KEYS)
+    if not data:
+        return BatchPolicy()
+
+    def num(key: str, default: Any, kind: type) -> Any:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            c.add(f"{where}.{key}", f"{key} is {value!r}", f"use a non-negative {kind.__name__}")
+            return default
+        return kind(value)
+
+    preferred = data.get("preferred_sizes") or []
+    max_size = num("max_size", 1, int) or 1
+    if any((not isinstance(p, int)) or p < 1 or p > max_size for p in preferred):
+        c.add(
+            f"{where}.preferred_sizes",
+            f"preferred_sizes {preferred} with max_size {max_size}",
+            "use sizes between 1 and max_size",
+        )
+        preferred = []
+    return BatchPolicy(
+        max_size=max_size,
+        max_delay_ms=num("max_delay_ms", 0.0, float),
+        preferred_sizes=tuple(int(p) for p in preferred),
+        pad=_pad(c, f"{where}.pad", data.get("pad")),
+        max_tokens=num("max_tokens", None, int),
+        max_pixels=num("max_pixels", None, int),
+        max_queue=num("max_queue", 256, int),
+    )
+
+
+def _map_ports(c: _Collector, where: str, value: Any, ports: list[str]) -> tuple[str, ...]:
+    if value in (None, False):
+        return ()
+    if value is True:
+        return tuple(ports)
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    c.add(where, f"map is {value!r}", "write map: true (all inputs), map: PORT, or map: [PORT, ...]")
+    return ()
+
+
+def parse_graph(
+    data: Mapping[str, Any], base_dir: Path | None, source: str | None = None
+) -> tuple[
+    str,
+    dict[str, InputDef],
+    dict[str, ModelDef],
+    dict[str, NodeDef],
+    dict[str, Ref],
+    dict[str, Any],
+    list[GraphProblem],
+]:
+    """Turn a graph mapping into dataclasses; returns the parts and the schema problems found."""
+    c = _Collector()
+    c.unknown_keys("graph", data, _TOP_KEYS)
+    name = str(data.get("name") or (Path(source).stem if source else "graph"))
+
+    inputs: dict[str, InputDef] = {}
+    for iname, idata in _mapping(
+        c, "inputs", data.get("inputs"), "write inputs: {NAME: {modality: image}}"
+    ).items():
+        where = f"inputs.{iname}"
+        idata = _mapping(c, where, idata, "write NAME: {modality: image|text|audio|tensor, optional: true}")
+        c.unknown_keys(where, idata, _INPUT_KEYS)
+        raw_mod = idata.get("modality", "tensor")
+        try:
+            modality = Modality(raw_mod)
+        except ValueError:
+            c.add(f"{where}.modality", f"unknown modality {raw_mod!r}", "use image, text, audio or tensor")
+            modality = Modality.TENSOR
+        spec = _spec(c, where, idata)
+        if spec is None and modality is Modality.IMAGE:
+            spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
+        inputs[str(iname)] = InputDef(str(iname), modality, spec, bool(idata.get("optional", False)))
+
+    models: dict[str, ModelDef] = {}
+    for mname, mdata in _mapping(
+        c, "models", data.get("models"), "write models: {NAME: {backend: ..., path: ...}}"
+    ).items():
+        where = f"models.{mname}"
+        mdata = _mapping(c, where, mdata, "write NAME: {backend: onnxruntime, path: FILE}")
+        c.unknown_keys(where, mdata, _MODEL_KEYS)
+        backend = str(mdata.get("backend", "onnxruntime"))
+        path = None
+        if mdata.get("path") is not None:
+            try:
+                path = resolve_path(str(mdata["path"]), base_dir)
+            except PathResolutionError as exc:
+                c.add(f"{where}.path", str(exc), exc.fix)
+        in_specs: dict[str, TensorSpec] = {}
+        for pname, pdata in _mapping(
+            c, f"{where}.inputs", mdata.get("inputs"), "write inputs: {INPUT: {range: [0, 1]}}"
+        ).items():
+            s = _spec(c, f"{where}.inputs.{pname}", pdata if isinstance(pdata, dict) else {})
+            if s is not None:
+                in_specs[str(pname)] = s
+        export = mdata.get("export")
+        models[str(mname)] = ModelDef(
+            name=str(mname),
+            backend=backend,
+            path=path,
+            options=_mapping(c, f"{where}.options", mdata.get("options"), "write options: {KEY: VALUE}"),
+            batch=_batch(c, f"{where}.batch", mdata.get("batch")),
+            input_specs=in_specs,
+            export=dict(export) if isinstance(export, dict) else None,
+        )
+
+    nodes: dict[str, NodeDef] = {}
+    for nname, ndata in _mapping(
+        c, "nodes", data.get("nodes"), "write nodes: {NAME: {model: M, inputs: {...}}}"
+    ).items():
+        where = f"nodes.{nname}"
+        ndata = _mapping(
+            c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}"
+        )
+        c.unknown_keys(where, ndata, _NODE_KEYS)
+        refs: dict[str, Ref] = {}
+        for port, raw in _mapping(
+            c, f"{where}.inputs", ndata.get("inputs"), "write inputs: {PORT: inputs.NAME | NODE.PORT}"
+        ).items():
+            try:
+                refs[str(port)] = Ref.parse(str(raw))
+            except ValueError as exc:
+                c.add(f"{where}.inputs.{port}", str(exc), "write inputs.NAME or NODE.PORT")
+        model, fn = ndata.get("model"), ndata.get("fn")
+        if (model is None) == (fn is None):
+            c.add(
+                where,
+                "a node needs exactly one of 'model' or 'fn'",
+                "write model: MODEL_NAME (from models:) or fn: package.module:function",
+            )
+        nodes[str(nname)] = NodeDef(
+            name=str(nname),
+            inputs=refs,
+            model=None if model is None else str(model),
+            fn=None if fn is None else str(fn),
+            map=_map_ports(c, f"{where}.map", ndata.get("map"), list(refs)),
+            options=_mapping(c, f"{where}.options", ndata.get("options"), "write options: {KEY: VALUE}"),
+        )
+
+    outputs: dict[str, Ref] = {}
+    for oname, raw in _mapping(c, "outputs", data.get("outputs"), "write outputs: {NAME: NODE.PORT}").items():
+        try:
+            outputs[str(oname)] = Ref.parse(str(raw))
+        except ValueError as exc:
+            c.add(f"outputs.{oname}", str(exc), "write NODE.PORT")
+    if not outputs:
+        c.add("outputs", "the graph declares no outputs", "add outputs: {NAME: NODE.PORT}")
+    limits = _mapping(c, "limits", data.get("limits"), "write limits: {max_image_pixels: N}")
+    return name, inputs, models, nodes, outputs, limits, c.problems

@@ -1,0 +1,127 @@
+"""The graph's data model: plain frozen dataclasses shared by the YAML loader and the Python builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from usg.specs import Modality, TensorSpec
+
+__all__ = ["BatchPolicy", "Graph", "InputDef", "ModelDef", "NodeDef", "PadPolicy", "Ref"]
+
+GRAPH_INPUTS = "inputs"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A wire end: ``inputs.NAME`` (a graph input) or ``NODE.PORT`` (a node output)."""
+
+    source: str
+    port: str
+
+    @property
+    def is_graph_input(self) -> bool:
+        return self.source == GRAPH_INPUTS
+
+    @classmethod
+    def parse(cls, text: str) -> Ref:
+        source, sep, port = str(text).partition(".")
+        if not sep or not source or not port:
+            raise ValueError(f"{text!r} is not a reference; write 'inputs.NAME' or 'NODE.PORT'")
+        return cls(source, port)
+
+    def __str__(self) -> str:
+        return f"{self.source}.{self.port}"
+
+
+@dataclass(frozen=True)
+class InputDef:
+    name: str
+    modality: Modality
+    spec: TensorSpec | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class PadPolicy:
+    """Which axes of a model's inputs may be padded to batch unequal items, and how.
+
+    ``axes`` are per input name (``{"x": [3]}``); ``multiple`` rounds a padded size up to a
+    multiple, ``buckets`` to the next listed size. ``value`` is the pad value per input
+    (default 0). Only models declared pad-safe get a PadPolicy.
+    """
+
+    axes: dict[str, tuple[int, ...]]
+    multiple: int | None = None
+    buckets: tuple[int, ...] = ()
+    value: dict[str, float] = field(default_factory=dict)
+    # output axes that follow a padded input axis and must be cut back per item,
+    # e.g. {"out": {1: ("x", 3, 8)}}: output axis 1 has size x.axis3 / 8 (None: no cut)
+    trim: dict[str, dict[int, tuple[str, int, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_size: int = 1
+    max_delay_ms: float = 0.0
+    preferred_sizes: tuple[int, ...] = ()
+    pad: PadPolicy | None = None
+    max_tokens: int | None = None
+    max_pixels: int | None = None
+    max_queue: int = 256
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_size > 1
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """A loaded-once model (one session, one batcher) that one or more nodes call."""
+
+    name: str
+    backend: str
+    path: Path | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    batch: BatchPolicy = BatchPolicy()
+    # declared contracts that tighten what the model file says (e.g. a value range)
+    input_specs: dict[str, TensorSpec] = field(default_factory=dict)
+    # how to produce the file when it is missing (e.g. {"exporter": "hf-text-encoder", ...})
+    export: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class NodeDef:
+    """A step: a call of a model, or of a Python function ``module:function``."""
+
+    name: str
+    inputs: dict[str, Ref]
+    model: str | None = None
+    fn: str | None = None
+    map: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "model" if self.model is not None else "fn"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A validated graph. Build one with :func:`usg.graph.load_graph` or :class:`usg.graph.GraphBuilder`."""
+
+    name: str
+    inputs: dict[str, InputDef]
+    models: dict[str, ModelDef]
+    nodes: dict[str, NodeDef]
+    outputs: dict[str, Ref]
+    source: Path | None = None
+    order: tuple[str, ...] = ()  # node names in a topological order
+    limits: dict[str, Any] = field(default_factory=dict)
+
+    def upstream(self, node: str) -> set[str]:
+        return {r.source for r in self.nodes[node].inputs.values() if not r.is_graph_input}
+
+    def consumers(self, node: str) -> list[str]:
+        return [n for n, d in self.nodes.items() if any(r.source == node for r in d.inputs.values())]

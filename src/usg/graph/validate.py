@@ -1,0 +1,328 @@
+"""Build-time validation: collect every problem of a graph and raise them once.
+
+Checks: unknown references, node kinds, importable functions, cycles, missing
+model files, ONNX input/output names vs the wiring, and dtype / rank /
+fixed-dim compatibility across every edge whose two ends declare a spec.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from usg.errors import GraphError, GraphProblem
+from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.ops.signature import ListOf, PortSpec, signature_of
+from usg.specs import TensorSpec
+
+__all__ = ["ModelIO", "describe_model", "validate_graph"]
+
+ModelIO = tuple[dict[str, TensorSpec], dict[str, TensorSpec]]
+
+
+def describe_model(model: ModelDef) -> ModelIO | None:
+    """Input/output specs a model's file declares, without loading a session (None: unknown)."""
+    if model.backend == "onnxruntime" and model.path is not None and model.path.is_file():
+        from usg.backends.onnxruntime import describe_onnx
+
+        ins, outs, _ = describe_onnx(model.path)
+    elif model.backend == "tokenizer":
+        from usg.backends.tokenizer import TOKENIZER_INPUTS, TOKENIZER_OUTPUTS
+
+        ins, outs = dict(TOKENIZER_INPUTS), dict(TOKENIZER_OUTPUTS)
+    else:
+        return None
+    merged = dict(ins)
+    for name, declared in model.input_specs.items():
+        base = merged.get(name, TensorSpec())
+        merged[name] = TensorSpec(
+            dtype=declared.dtype or base.dtype,
+            shape=declared.shape if declared.shape is not None else base.shape,
+            range=declared.range,
+            layout=declared.layout or base.layout,
+        )
+    return merged, dict(outs)
+
+
+def _suggest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    listed = ", ".join(sorted(options)) or "(none)"
+    return f"did you mean {close[0]!r}? known: {listed}" if close else f"known: {listed}"
+
+
+def _toposort(nodes: Mapping[str, NodeDef]) -> tuple[list[str], list[list[str]]]:
+    """Kahn's order plus the cycles found among the nodes left over."""
+    deps = {n: {r.source for r in d.inputs.values() if r.source in nodes} for n, d in nodes.items()}
+    order: list[str] = []
+    ready = [n for n in nodes if not deps[n]]
+    remaining = {n: set(s) for n, s in deps.items()}
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for m, s in remaining.items():
+            if n in s:
+                s.discard(n)
+                if not s and m not in order and m not in ready:
+                    ready.append(m)
+    left = [n for n in nodes if n not in order]
+    cycles: list[list[str]] = []
+    seen: set[str] = set()
+    for start in left:
+        if start in seen:
+            continue
+        path = [start]
+        cur = start
+        while True:
+            nxt = sorted(s for s in deps[cur] if s in left)
+            if not nxt:
+                break
+            cur = nxt[0]
+            if cur in path:
+                cyc = [*path[path.index(cur) :], cur]
+                if not seen.intersection(cyc):
+                    cycles.append(cyc)
+                seen.update(cyc)
+                break
+            path.append(cur)
+    return order, cycles
+
+
+class _Validator:
+    def __init__(
+        self,
+        name: str,
+        inputs: dict[str, InputDef],
+        models: dict[str, ModelDef],
+        nodes: dict[str, NodeDef],
+        outputs: dict[str, Ref],
+    ) -> None:
+        self.name, self.inputs, self.models, self.nodes, self.outputs = name, inputs, models, nodes, outputs
+        self.problems: list[GraphProblem] = []
+        self.model_io: dict[str, ModelIO | None] = {}
+        self.fn_sigs: dict[str, Any] = {}
+
+    def add(self, where: str, message: str, fix: str) -> None:
+        self.problems.append(GraphProblem(where, message, fix))
+
+    def run(self) -> list[str]:
+        self._models()
+        self._node_kinds()
+        self._references()
+        order, cycles = _toposort(self.nodes)
+        for cyc in cycles:
+            self.add(
+                "nodes",
+                f"cycle: {' -> '.join(cyc)}",
+                f"break the cycle: one of {', '.join(sorted(set(cyc)))} must not depend on the others",
+            )
+        self._model_ports()
+        self._edges()
+        return order
+
+    def _models(self) -> None:
+        from usg.backends import BACKEND_KINDS
+
+        for m in self.models.values():
+            where = f"models.{m.name}"
+            if m.backend not in BACKEND_KINDS:
+                self.add(
+                    f"{where}.backend",
+                    f"unknown backend {m.backend!r}",
+                    f"use one of: {', '.join(sorted(BACKEND_KINDS))}",
+                )
+                continue
+            if m.backend in ("onnxruntime", "tokenizer"):
+                if m.path is None:
+                    self.add(
+                        where,
+                        "no path given",
+                        "add path: FILE (relative to the graph file, or pkg://PACKAGE/FILE)",
+                    )
+                elif not m.path.is_file():
+                    fix = "check the path; relative paths are resolved against the graph file's folder"
+                    if m.export:
+                        exporter = m.export.get("exporter", "?")
+                        fix = f"run `usg export {exporter} --output {m.path}` (or `usg run` exports it)"
+                    self.add(f"{where}.path", f"model file {m.path} does not exist", fix)
+            try:
+                self.model_io[m.name] = describe_model(m)
+            except Exception as exc:  # a corrupt ONNX file
+                self.add(
+                    f"{where}.path",
+                    f"cannot read model {m.path}: {exc}",
+                    "re-export the model; `usg doctor FILE` says what is wrong with it",
+                )
+                self.model_io[m.name] = None
+
+    def _node_kinds(self) -> None:
+        from usg.backends.python_fn import import_callable
+
+        for n in self.nodes.values():
+            where = f"nodes.{n.name}"
+            if n.model is not None and n.model not in self.models:
+                self.add(f"{where}.model", f"unknown model {n.model!r}", _suggest(n.model, list(self.models)))
+            if n.fn is not None:
+                try:
+                    func = import_callable(n.fn)
+                except ValueError as exc:
+                    self.add(f"{where}.fn", str(exc), "point fn at an importable 'package.module:function'")
+                else:
+                    self.fn_sigs[n.name] = signature_of(func)
+            for port in n.map:
+                if port not in n.inputs:
+                    self.add(
+                        f"{where}.map",
+                        f"maps over {port!r}, which is not one of its inputs",
+                        _suggest(port, list(n.inputs)),
+                    )
+
+    def out_ports(self, node: str) -> list[str] | None:
+        n = self.nodes[node]
+        if n.model is not None:
+            io = self.model_io.get(n.model)
+            if io is None:
+                return None
+            ports = list(io[1])
+            return [*ports, "out"] if len(ports) == 1 else ports
+        sig = self.fn_sigs.get(node)
+        return None if sig is None or not sig.outputs else list(sig.outputs)
+
+    def _check_ref(self, where: str, ref: Ref) -> None:
+        if ref.is_graph_input:
+            if ref.port not in self.inputs:
+                self.add(where, f"unknown graph input {str(ref)!r}", _suggest(ref.port, list(self.inputs)))
+            return
+        if ref.source not in self.nodes:
+            self.add(
+                where,
+                f"unknown node {ref.source!r} in {str(ref)!r}",
+                _suggest(ref.source, [*self.nodes, "inputs"]),
+            )
+            return
+        ports = self.out_ports(ref.source)
+        if ports is not None and ref.port not in ports:
+            self.add(where, f"node {ref.source!r} has no output {ref.port!r}", _suggest(ref.port, ports))
+
+    def _references(self) -> None:
+        for n in self.nodes.values():
+            for port, ref in n.inputs.items():
+                self._check_ref(f"nodes.{n.name}.inputs.{port}", ref)
+        for oname, ref in self.outputs.items():
+            self._check_ref(f"outputs.{oname}", ref)
+
+    def _model_ports(self) -> None:
+        for n in self.nodes.values():
+            if n.model is None or self.model_io.get(n.model) is None:
+                continue
+            ins = self.model_io[n.model][0]  # type: ignore[index]
+            for port in n.inputs:
+                if port not in ins:
+                    self.add(
+                        f"nodes.{n.name}.inputs.{port}",
+                        f"model {n.model!r} has no input {port!r}",
+                        _suggest(port, list(ins)),
+                    )
+            for required in ins:
+                if required not in n.inputs:
+                    self.add(
+                        f"nodes.{n.name}.inputs",
+                        f"model {n.model!r} input {required!r} ({ins[required].describe()}) is not wired",
+                        f"add {required}: NODE.PORT under nodes.{n.name}.inputs",
+                    )
+
+    def producer_spec(self, ref: Ref) -> PortSpec:
+        if ref.is_graph_input:
+            d = self.inputs.get(ref.port)
+            return None if d is None else d.spec
+        n = self.nodes.get(ref.source)
+        if n is None:
+            return None
+        if n.model is not None:
+            io = self.model_io.get(n.model)
+            if io is None:
+                return None
+            outs = io[1]
+            port = next(iter(outs)) if ref.port == "out" and len(outs) == 1 else ref.port
+            spec = outs.get(port)
+            return ListOf(spec) if n.map else spec
+        sig = self.fn_sigs.get(n.name)
+        spec = None if sig is None else sig.outputs.get(ref.port)
+        if n.map and not isinstance(spec, ListOf):
+            return ListOf(spec if isinstance(spec, TensorSpec) else None)
+        return spec
+
+    def consumer_spec(self, node: NodeDef, port: str) -> PortSpec:
+        if node.model is not None:
+            io = self.model_io.get(node.model)
+            return None if io is None else io[0].get(port)
+        sig = self.fn_sigs.get(node.name)
+        return None if sig is None else sig.inputs.get(port)
+
+    def _edges(self) -> None:
+        for n in self.nodes.values():
+            for port, ref in n.inputs.items():
+                where = f"nodes.{n.name}.inputs.{port}"
+                prod = self.producer_spec(ref)
+                cons = self.consumer_spec(n, port)
+                if port in n.map:
+                    if isinstance(prod, TensorSpec):
+                        self.add(
+                            where,
+                            f"map over {ref}, which is a single tensor ({prod.describe()}), not a list",
+                            f"remove map for {port!r}, or wire a port that returns a list",
+                        )
+                        continue
+                    prod = prod.item if isinstance(prod, ListOf) else None
+                elif isinstance(prod, ListOf) and isinstance(cons, TensorSpec):
+                    self.add(
+                        where,
+                        f"{ref} is a list, but {n.name}.{port} takes one tensor ({cons.describe()})",
+                        f"add map: {port} to nodes.{n.name} to run it once per item",
+                    )
+                    continue
+                if isinstance(cons, ListOf):
+                    cons = None if isinstance(prod, ListOf) else cons
+                if isinstance(prod, TensorSpec) and isinstance(cons, TensorSpec):
+                    issues = prod.compatible_with(cons)
+                    if issues:
+                        self.add(
+                            where,
+                            f"{ref} ({prod.describe()}) -> {n.name}.{port} ({cons.describe()}): {'; '.join(issues)}",
+                            _edge_fix(prod, cons, ref),
+                        )
+
+
+def _edge_fix(prod: TensorSpec, cons: TensorSpec, ref: Ref) -> str:
+    if prod.rank == 3 and cons.rank == 4 and prod.dtype == "uint8":
+        return (
+            f"insert a preprocessing node between {ref} and the model: convert {prod.layout or 'HWC'} "
+            f"uint8 to {cons.dtype} {cons.layout or 'NCHW'} (scale, transpose, add the batch axis), "
+            "e.g. fn: usg.ops.image:to_nchw_float"
+        )
+    if prod.dtype != cons.dtype and prod.rank == cons.rank:
+        return f"cast {ref} to {cons.dtype} in the producing node, or insert a node that does"
+    return f"make {ref} produce {cons.describe()}, or insert a node that converts it"
+
+
+def validate_graph(
+    name: str,
+    inputs: dict[str, InputDef],
+    models: dict[str, ModelDef],
+    nodes: dict[str, NodeDef],
+    outputs: dict[str, Ref],
+    *,
+    source: Path | None = None,
+    limits: dict[str, Any] | None = None,
+    problems: list[GraphProblem] | None = None,
+) -> Graph:
+    """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
+    v = _Validator(name, inputs, models, nodes, outputs)
+    order = v.run()
+    all_problems = list(problems or []) + v.problems
+    if all_problems:
+        raise GraphError(all_problems, source=str(source) if source else name)
+    return Graph(
+        name, inputs, models, nodes, outputs, source=source, order=tuple(order), limits=dict(limits or {})
+    )

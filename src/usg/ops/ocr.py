@@ -1,0 +1,290 @@
+"""PP-OCR pre/post-processing as graph node functions, built on RapidOCR's own helpers.
+
+The steps mirror ``rapidocr_onnxruntime.RapidOCR.__call__`` with its default
+configuration, split at every model call so the executor can batch and overlap
+them: resize/letterbox → det → DB post-process → crop lines → cls → rotate →
+rec → CTC decode → map boxes back to the original image.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from usg.errors import MissingDependency
+from usg.ops.signature import ListOf, op
+from usg.specs import TensorSpec
+
+__all__ = [
+    "cls_preprocess",
+    "crop_lines",
+    "ctc_decode",
+    "det_postprocess",
+    "det_preprocess",
+    "join_text",
+    "rec_preprocess",
+]
+
+_MAX_SIDE = 2000
+_MIN_SIDE = 30
+_MIN_HEIGHT = 30
+_WH_RATIO = 8
+_REC_SHAPE = (3, 48, 320)
+_CLS_SHAPE = (3, 48, 192)
+
+
+def _rapidocr() -> Any:
+    try:
+        import rapidocr_onnxruntime.utils as utils
+    except ImportError:
+        raise MissingDependency("rapidocr_onnxruntime", "ocr", "the document OCR ops") from None
+    return utils
+
+
+@cache
+def _det_helpers(
+    limit_side_len: int, thresh: float, box_thresh: float, unclip_ratio: float
+) -> tuple[Any, Any]:
+    from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
+
+    pre = DetPreProcess(limit_side_len, "min", [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+    post = DBPostProcess(
+        thresh=thresh,
+        box_thresh=box_thresh,
+        max_candidates=1000,
+        unclip_ratio=unclip_ratio,
+        score_mode="fast",
+        use_dilation=True,
+    )
+    return pre, post
+
+
+@op(
+    inputs={"image": TensorSpec("uint8", ("H", "W", 3), layout="HWC")},
+    outputs={"x": TensorSpec("float32", (1, 3, None, None), layout="NCHW"), "meta": None},
+)
+def det_preprocess(image: np.ndarray, *, limit_side_len: int = 736) -> dict[str, Any]:
+    """RGB HWC uint8 → the det model's input, plus what post-processing needs to map boxes back."""
+    utils = _rapidocr()
+    img = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
+    raw_h, raw_w = img.shape[:2]
+    ratio_h = ratio_w = 1.0
+    if max(raw_h, raw_w) > _MAX_SIDE:
+        img, ratio_h, ratio_w = utils.reduce_max_side(img, _MAX_SIDE)
+    if min(img.shape[:2]) < _MIN_SIDE:
+        img, ratio_h, ratio_w = utils.increase_min_side(img, _MIN_SIDE)
+    ops: list[tuple[str, dict[str, float]]] = [("preprocess", {"ratio_h": ratio_h, "ratio_w": ratio_w})]
+    h, w = img.shape[:2]
+    top = 0
+    if h <= _MIN_HEIGHT or w / h > _WH_RATIO:
+        new_h = max(int(w / _WH_RATIO), _MIN_HEIGHT) * 2
+        top = int(abs(new_h - h) / 2)
+        img = utils.add_round_letterbox(img, (top, top, 0, 0))
+    ops.append(("padding", {"top": top, "left": 0}))
+    pre, _ = _det_helpers(limit_side_len, 0.3, 0.5, 1.6)
+    x = pre(img)
+    meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
+    return {"x": x, "meta": meta}
+
+
+def _order_clockwise(pts: np.ndarray) -> np.ndarray:
+    xs = pts[np.argsort(pts[:, 0]), :]
+    left = xs[:2][np.argsort(xs[:2, 1])]
+    right = xs[2:][np.argsort(xs[2:, 1])]
+    (tl, bl), (tr, br) = left, right
+    return np.array([tl, tr, br, bl], dtype=np.float32)
+
+
+def _sorted_boxes(boxes: list[np.ndarray]) -> list[np.ndarray]:
+    """Reading order: top to bottom, then left to right within ~10 px rows (RapidOCR's rule)."""
+    out = sorted(boxes, key=lambda b: (b[0][1], b[0][0]))
+    for i in range(len(out) - 1):
+        for j in range(i, -1, -1):
+            if abs(out[j + 1][0][1] - out[j][0][1]) < 10 and out[j + 1][0][0] < out[j][0][0]:
+                out[j], out[j + 1] = out[j + 1], out[j]
+            else:
+                break
+    return out
+
+
+@op(
+    inputs={"prob": TensorSpec("float32", (1, 1, None, None))},
+    outputs={"boxes": ListOf(TensorSpec("float32", (4, 2)))},
+)
+def det_postprocess(
+    prob: np.ndarray, meta: dict[str, Any], *, box_thresh: float = 0.5, unclip_ratio: float = 1.6
+) -> dict[str, Any]:
+    """DB probability map → text boxes (4×2, in the pre-processed image) in reading order."""
+    _, post = _det_helpers(736, 0.3, box_thresh, unclip_ratio)
+    h, w = meta["image"].shape[:2]
+    boxes, _scores = post(prob, (h, w))
+    kept: list[np.ndarray] = []
+    for box in boxes:
+        box = _order_clockwise(np.asarray(box, dtype=np.float32))
+        box[:, 0] = np.clip(box[:, 0], 0, w - 1).astype(np.int64)
+        box[:, 1] = np.clip(box[:, 1], 0, h - 1).astype(np.int64)
+        if int(np.linalg.norm(box[0] - box[1])) <= 3 or int(np.linalg.norm(box[0] - box[3])) <= 3:
+            continue
+        kept.append(box)
+    return {"boxes": _sorted_boxes(kept)}
+
+
+@op(outputs={"items": ListOf(TensorSpec("uint8", (None, None, 3)))})
+def crop_lines(boxes: list[np.ndarray], meta: dict[str, Any]) -> dict[str, Any]:
+    """Perspective-crop each box from the pre-processed image (vertical crops turned upright)."""
+    img = meta["image"]
+    crops = []
+    for pts in boxes:
+        pts = pts.astype(np.float32)
+        cw = int(max(np.linalg.norm(pts[0] - pts[1]), np.linalg.norm(pts[2] - pts[3])))
+        ch = int(max(np.linalg.norm(pts[0] - pts[3]), np.linalg.norm(pts[1] - pts[2])))
+        dst = np.array([[0, 0], [cw, 0], [cw, ch], [0, ch]], dtype=np.float32)
+        m = cv2.getPerspectiveTransform(pts, dst)
+        crop = cv2.warpPerspective(img, m, (cw, ch), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_CUBIC)
+        if crop.shape[0] / crop.shape[1] >= 1.5:
+            crop = np.rot90(crop)
+        crops.append(np.ascontiguousarray(crop))
+    return {"items": crops}
+
+
+def _resize_norm(img: np.ndarray, shape: tuple[int, int, int], width: int) -> np.ndarray:
+    c, h, _ = shape
+    ratio = img.shape[1] / float(img.shape[0])
+    resized_w = width if math.ceil(h * ratio) > width else math.ceil(h * ratio)
+    resized = cv2.resize(img, (resized_w, h)).astype(np.float32).transpose(2, 0, 1) / 255
+    resized = (resized - 0.5) / 0.5
+    out = np.zeros((c, h, width), dtype=np.float32)
+    out[:, :, :resized_w] = resized
+    return out[None]
+
+
+@op(
+    inputs={"items": ListOf(TensorSpec("uint8", (None, None, 3)))},
+    outputs={"items": ListOf(TensorSpec("float32", (1, 3, 48, 192)))},
+)
+def cls_preprocess(items: list[np.ndarray]) -> dict[str, Any]:
+    """Each crop → the direction classifier's input (3×48×192, padded right)."""
+    return {"items": [_resize_norm(c, _CLS_SHAPE, _CLS_SHAPE[2]) for c in items]}
+
+
+def rec_widths(crops: list[np.ndarray], *, policy: str = "rapidocr", group: int = 6) -> list[int]:
+    """The rec input width for each crop.
+
+    ``rapidocr`` reproduces RapidOCR exactly: crops sorted by aspect ratio, taken 6 at a time,
+    each padded to 48 × max(320/48, largest ratio of its group). The rec model is not
+    pad-safe (a wider pad can change the text it reads), so matching RapidOCR's widths is
+    what makes the output identical; crops of one group then share a shape and batch together.
+    ``per_line`` pads each crop only to 48 × max(320/48, its own ratio).
+    """
+    _, h, w = _REC_SHAPE
+    ratios = [c.shape[1] / float(c.shape[0]) for c in crops]
+    if policy == "per_line":
+        return [int(h * max(w / h, r)) for r in ratios]
+    if policy != "rapidocr":
+        raise ValueError(f"rec width policy {policy!r}; use 'rapidocr' or 'per_line'")
+    order = np.argsort(np.array(ratios))
+    widths = [0] * len(crops)
+    for start in range(0, len(order), group):
+        chunk = order[start : start + group]
+        width = int(h * max([w / h, *(ratios[i] for i in chunk)]))
+        for i in chunk:
+            widths[i] = width
+    return widths
+
+
+@op(
+    inputs={
+        "crops": ListOf(TensorSpec("uint8", (None, None, 3))),
+        "cls": ListOf(TensorSpec("float32", (1, 2))),
+    },
+    outputs={"items": ListOf(TensorSpec("float32", (1, 3, 48, None))), "crops": ListOf()},
+)
+def rec_preprocess(
+    crops: list[np.ndarray], cls: list[np.ndarray], *, cls_thresh: float = 0.9, widths: str = "rapidocr"
+) -> dict[str, Any]:
+    """Turn crops the classifier reads as upside down (label 180, score > threshold), then normalise for rec."""
+    upright = []
+    for crop, probs in zip(crops, cls, strict=True):
+        p = np.asarray(probs).reshape(-1)
+        if int(p.argmax()) == 1 and float(p[1]) > cls_thresh:
+            crop = cv2.rotate(crop, cv2.ROTATE_180)
+        upright.append(crop)
+    sizes = rec_widths(upright, policy=widths)
+    items = [_resize_norm(c, _REC_SHAPE, wd) for c, wd in zip(upright, sizes, strict=True)]
+    return {"items": items, "crops": upright}
+
+
+@cache
+def _vocabulary(model_path: str) -> list[str]:
+    import onnx
+
+    model = onnx.load(model_path, load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "character" not in meta:
+        raise ValueError(f"{model_path} carries no 'character' metadata; pass a PP-OCR rec model")
+    chars = meta["character"].splitlines()
+    return ["blank", *chars, " "]
+
+
+def _map_back(box: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
+    pts = box.astype(np.float32).copy()
+    for name, v in reversed(meta["ops"]):
+        if name == "padding":
+            pts[:, 0] -= v["left"]
+            pts[:, 1] -= v["top"]
+        else:
+            pts[:, 0] *= v["ratio_w"]
+            pts[:, 1] *= v["ratio_h"]
+    raw_h, raw_w = meta["raw_shape"]
+    pts = np.maximum(pts, 0)
+    pts[:, 0] = np.minimum(pts[:, 0], raw_w)
+    pts[:, 1] = np.minimum(pts[:, 1], raw_h)
+    return pts
+
+
+@op(
+    inputs={"probs": ListOf(TensorSpec("float32", (1, None, None)))},
+    outputs={"lines": ListOf(), "text": None},
+)
+def ctc_decode(
+    probs: list[np.ndarray],
+    boxes: list[np.ndarray],
+    meta: dict[str, Any],
+    *,
+    vocab_model: str,
+    text_score: float = 0.5,
+) -> dict[str, Any]:
+    """Greedy CTC decode each line; keep lines scoring ≥ ``text_score``; boxes in original pixels.
+
+    ``text`` is the lines joined with newlines, or ``None`` when nothing was read (so nodes
+    that embed it are skipped and the embedding output comes back absent).
+    """
+    from usg.graph.paths import resolve_path
+
+    vocab = _vocabulary(str(resolve_path(vocab_model, Path.cwd())))
+    lines = []
+    for p, box in zip(probs, boxes, strict=True):
+        p = np.asarray(p)[0]
+        idx = p.argmax(axis=1)
+        conf = p.max(axis=1)
+        keep = np.ones(len(idx), dtype=bool)
+        keep[1:] = idx[1:] != idx[:-1]
+        keep &= idx != 0
+        chars = [vocab[i] for i in idx[keep]]
+        score = float(np.mean(conf[keep])) if keep.any() else 0.0
+        text = "".join(chars)
+        if score >= text_score:
+            lines.append({"text": text, "score": score, "box": _map_back(box, meta).tolist()})
+    joined = "\n".join(line["text"] for line in lines)
+    return {"lines": lines, "text": joined or None}
+
+
+@op(outputs={"text": None})
+def join_text(lines: list[dict[str, Any]], *, sep: str = "\n") -> dict[str, Any]:
+    """Join OCR lines into one string (``None`` when there are none)."""
+    return {"text": sep.join(line["text"] for line in lines) or None}

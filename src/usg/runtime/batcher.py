@@ -1,0 +1,305 @@
+"""Per-model dynamic batching, shared by every node (and request) that calls the model.
+
+Items wait in a bounded queue. A scheduler forms batches when ``max_size``
+items are waiting or the oldest has waited the (adaptive) delay: it orders
+waiting items by length, groups items that may share a batch — equal shapes,
+or, for models declared pad-safe, equal shapes outside the padded axes — pads
+variable axes to a multiple or bucket, respects a padded-element budget
+(``max_tokens`` / ``max_pixels``) and preferred batch sizes, and runs batches
+on worker threads. If a batch raises, it is split and retried so only the
+failing items fail (poison isolation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor as PoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from usg.backends.base import Backend
+from usg.errors import BackendError, Overloaded, StateError
+from usg.graph.model import BatchPolicy, PadPolicy
+from usg.runtime.padding import assemble, group_key, item_length, padded_elements, split_outputs
+from usg.runtime.runner import ItemTiming, call_backend
+
+__all__ = ["BatchEvent", "BatchingRunner"]
+
+log = logging.getLogger("usg.runtime.batcher")
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """One backend call made by a batcher (for metrics)."""
+
+    model: str
+    items: int
+    rows: int
+    real_elements: int
+    padded_elements: int
+    queue_ms: tuple[float, ...]
+    compute_ms: float
+    ok: bool
+
+
+@dataclass(eq=False)  # identity: items hold arrays, and _take_batch looks items up with list.index
+class _Pending:
+    item: Mapping[str, Any]
+    future: asyncio.Future[dict[str, Any]]
+    enqueued: float
+    key: tuple[Any, ...]
+    length: int
+    timing: ItemTiming | None
+    rows: int = 1
+    started: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchingRunner:
+    def __init__(
+        self,
+        model: str,
+        backend: Backend,
+        pool: PoolExecutor,
+        policy: BatchPolicy,
+        *,
+        concurrency: int = 1,
+        listeners: list[Callable[[BatchEvent], None]] | None = None,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.pool = pool
+        self.policy = policy
+        self.pad: PadPolicy | None = policy.pad
+        self.listeners: list[Callable[[BatchEvent], None]] = list(listeners or [])
+        self._queue: list[_Pending] = []
+        self._wake: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._concurrency = max(1, concurrency)
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._slots = asyncio.Semaphore(self._concurrency)
+            self._task = asyncio.create_task(self._schedule(), name=f"batcher:{self.model}")
+
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish every queued item (up to ``timeout_s``), then stop the scheduler."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        deadline = time.perf_counter() + timeout_s
+        while (self._queue or self._running) and time.perf_counter() < deadline:
+            if self._task is not None and self._task.done():
+                break
+            await asyncio.sleep(0.005)
+        for p in self._queue:
+            if not p.future.done():
+                p.future.set_exception(StateError(f"model {self.model!r} stopped before this item ran"))
+        self._queue.clear()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # -- submission --------------------------------------------------------------------------
+    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        if self._task is None or self._wake is None or self._task.done():
+            raise StateError(f"batcher for model {self.model!r} is not started")
+        if self._closing:
+            raise StateError(f"model {self.model!r} is shutting down; it accepts no new items")
+        if len(self._queue) >= self.policy.max_queue:
+            raise Overloaded(
+                f"model {self.model!r} queue is full ({len(self._queue)} items waiting, limit "
+                f"{self.policy.max_queue}); retry later, or raise batch.max_queue",
+                retry_after=max(0.05, self.policy.max_delay_ms / 1000 * 4),
+                why=f"queue_full:{self.model}",
+            )
+        loop = asyncio.get_running_loop()
+        rows = _rows(item)
+        pending = _Pending(
+            item,
+            loop.create_future(),
+            time.perf_counter(),
+            group_key(item, self.pad),
+            item_length(item, self.pad),
+            timing,
+            rows,
+        )
+        self._queue.append(pending)
+        self._wake.set()
+        return await pending.future
+
+    # -- scheduling --------------------------------------------------------------------------
+    def _delay_s(self) -> float:
+        """Adaptive wait: the full max_delay when traffic is light, shorter as the queue deepens."""
+        depth = len(self._queue)
+        fill = min(1.0, depth / max(1, self.policy.max_size))
+        return self.policy.max_delay_ms / 1000.0 * (1.0 - fill)
+
+    async def _schedule(self) -> None:
+        assert self._wake is not None and self._slots is not None
+        while True:
+            try:
+                await self._schedule_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let the scheduler die with items queued
+                log.exception("batcher %s: scheduler error", self.model)
+                for p in self._queue:
+                    if not p.future.done():
+                        p.future.set_exception(BackendError(f"model {self.model!r}: batcher failed: {exc}"))
+                self._queue.clear()
+
+    async def _schedule_once(self) -> None:
+        assert self._wake is not None and self._slots is not None
+        if not self._queue:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        oldest = min(p.enqueued for p in self._queue)
+        wait = oldest + self._delay_s() - time.perf_counter()
+        if wait > 0 and not self._closing and len(self._queue) < self.policy.max_size:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            return
+        await self._slots.acquire()
+        try:
+            batch = self._take_batch()
+        except BaseException:
+            self._slots.release()
+            raise
+        if not batch:
+            self._slots.release()
+            return
+        task = asyncio.create_task(self._run_batch(batch))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Pick the group of the oldest item, ordered by length, within size and budget limits."""
+        self._queue = [p for p in self._queue if not p.future.cancelled()]
+        if not self._queue:
+            return []
+        head = min(self._queue, key=lambda p: p.enqueued)
+        group = sorted((p for p in self._queue if p.key == head.key), key=lambda p: (p.length, p.enqueued))
+        # start the batch around the oldest item's length so it is never starved
+        start = group.index(head)
+        chosen: list[_Pending] = [head]
+        lo, hi = start - 1, start + 1
+        rows = head.rows
+        while len(chosen) < self.policy.max_size and (lo >= 0 or hi < len(group)):
+            # grow toward the neighbour closest in length: least padding waste
+            cand_lo = group[lo] if lo >= 0 else None
+            cand_hi = group[hi] if hi < len(group) else None
+            if cand_hi is None or (
+                cand_lo is not None and head.length - cand_lo.length <= cand_hi.length - head.length
+            ):
+                cand, lo = cand_lo, lo - 1
+            else:
+                cand, hi = cand_hi, hi + 1
+            assert cand is not None
+            if not self._within_budget([*chosen, cand]):
+                break
+            chosen.append(cand)
+            rows += cand.rows
+        if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:
+            fits = [s for s in self.policy.preferred_sizes if s <= len(chosen)]
+            if fits:
+                chosen = sorted(chosen, key=lambda p: p.enqueued)[: max(fits)]
+        taken = {id(p) for p in chosen}
+        self._queue = [p for p in self._queue if id(p) not in taken]
+        return chosen
+
+    def _within_budget(self, items: list[_Pending]) -> bool:
+        budget = self.policy.max_tokens or self.policy.max_pixels
+        if budget is None or self.pad is None:
+            return True
+        return padded_elements([p.item for p in items], self.pad) <= budget
+
+    # -- running -----------------------------------------------------------------------------
+    async def _run_batch(self, batch: list[_Pending]) -> None:
+        assert self._slots is not None
+        try:
+            await self._run_split(batch)
+        except Exception as exc:  # a bug in assembling/splitting: fail these items, keep serving
+            log.exception("batcher %s: batch failed outside the backend", self.model)
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(BackendError(f"model {self.model!r}: batching failed: {exc}"))
+        finally:
+            self._slots.release()
+
+    async def _run_split(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        for p in batch:
+            p.started = started
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        real = padded = 0
+        try:
+            inputs, real, padded = assemble([p.item for p in batch], self.pad)
+            out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, inputs)
+            parts = split_outputs(out, [p.item for p in batch], self.pad, inputs)
+        except Exception as exc:
+            compute_ms = (time.perf_counter() - t0) * 1e3
+            self._emit(batch, real, padded, compute_ms, ok=False)
+            if len(batch) == 1:
+                p = batch[0]
+                if not p.future.done():
+                    p.future.set_exception(exc if isinstance(exc, BackendError) else BackendError(str(exc)))
+                return
+            # poison isolation: split and retry, so only the failing items fail
+            mid = len(batch) // 2
+            await self._run_split(batch[:mid])
+            await self._run_split(batch[mid:])
+            return
+        compute_ms = (time.perf_counter() - t0) * 1e3
+        self._emit(batch, real, padded, compute_ms, ok=True)
+        for p, part in zip(batch, parts, strict=True):
+            if p.timing is not None:
+                p.timing.queue_ms = (started - p.enqueued) * 1e3
+                p.timing.compute_ms = compute_ms
+                p.timing.batch_size = len(batch)
+            if not p.future.done():
+                p.future.set_result(part)
+
+    def _emit(self, batch: list[_Pending], real: int, padded: int, compute_ms: float, *, ok: bool) -> None:
+        if not self.listeners:
+            return
+        event = BatchEvent(
+            self.model,
+            len(batch),
+            sum(p.rows for p in batch),
+            real,
+            padded,
+            tuple((p.started - p.enqueued) * 1e3 for p in batch),
+            compute_ms,
+            ok,
+        )
+        for listener in self.listeners:
+            listener(event)
+
+
+def _rows(item: Mapping[str, Any]) -> int:
+    for v in item.values():
+        if isinstance(v, np.ndarray) and v.ndim:
+            return int(v.shape[0])
+        if isinstance(v, list):
+            return len(v)
+    return 1

@@ -1,0 +1,413 @@
+"""The in-process executor: one asyncio task per active node, backends in worker threads.
+
+Per request it decides which nodes run (nodes whose inputs are absent are
+pruned, transitively), runs each node as soon as its inputs are ready (so
+independent branches overlap), checks every model input against its
+contract, and hands items to a per-model runner — direct, or a batcher that
+groups items across nodes and requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import threading
+import time
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from usg.backends import Backend, create_backend
+from usg.backends.python_fn import accepted_params, import_callable
+from usg.errors import BackendError, RequestTimeout, StateError, USGError
+from usg.graph.model import Graph, NodeDef
+from usg.runtime.contract import check_model_inputs
+from usg.runtime.inputs import normalize_inputs
+from usg.runtime.observer import NodeEvent, Observer
+from usg.runtime.result import InferResult
+from usg.runtime.runner import DirectRunner, ItemTiming, ModelRunner
+from usg.specs import TensorSpec
+
+__all__ = ["Executor", "ExecutorState"]
+
+T = TypeVar("T")
+_ids = itertools.count(1)
+
+
+class ExecutorState(enum.StrEnum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]:
+    """Nodes that run for a set of present graph inputs, and nodes pruned (in graph order)."""
+    active: list[str] = []
+    alive: set[str] = set()
+    for name in graph.order:
+        node = graph.nodes[name]
+        ok = all(
+            (r.port in present) if r.is_graph_input else (r.source in alive) for r in node.inputs.values()
+        )
+        if ok:
+            alive.add(name)
+            active.append(name)
+    return active, [n for n in graph.order if n not in alive]
+
+
+class Executor:
+    """Runs a :class:`~usg.graph.Graph`.
+
+    ``backends`` overrides the backend of named models (tests pass ``FakeBackend``s).
+    ``batching=False`` forces one backend call per item even where the graph declares
+    a batch policy. ``timeout_s`` is the default per-request deadline.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        backends: Mapping[str, Backend] | None = None,
+        timeout_s: float = 60.0,
+        batching: bool = True,
+        workers: int | None = None,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.graph = graph
+        self.timeout_s = timeout_s
+        self.batching = batching
+        self.observers = list(observers)
+        self.state = ExecutorState.NEW
+        self._backends: dict[str, Backend] = dict(backends or {})
+        self._runners: dict[str, ModelRunner] = {}
+        n_workers = workers or max(4, 2 * len(graph.models) + 2)
+        self._pool = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="usg-worker")
+        self._fns: dict[str, Any] = {}
+        self._fn_params: dict[str, tuple[set[str], bool]] = {}
+        self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
+        self._out_names: dict[str, list[str]] = {}
+        self._loop_thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock = threading.Lock()
+        self._inflight = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Create and load backends (in worker threads) and start the runners. Idempotent."""
+        if self.state is ExecutorState.RUNNING:
+            return
+        if self.state is not ExecutorState.NEW:
+            raise StateError(f"executor is {self.state.value}; create a new Executor to run again")
+        loop = asyncio.get_running_loop()
+        for name, model in self.graph.models.items():
+            if name not in self._backends:
+                self._backends[name] = create_backend(model)
+        await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
+        for name, model in self.graph.models.items():
+            backend = self._backends[name]
+            specs = dict(backend.input_specs)
+            for port, declared in model.input_specs.items():
+                base = specs.get(port, TensorSpec())
+                specs[port] = TensorSpec(
+                    declared.dtype or base.dtype,
+                    declared.shape if declared.shape is not None else base.shape,
+                    declared.range,
+                    declared.layout or base.layout,
+                )
+            self._in_specs[name] = specs
+            self._out_names[name] = list(backend.output_specs)
+            self._runners[name] = self._make_runner(name, backend)
+        for runner in self._runners.values():
+            await runner.start()
+        for node in self.graph.nodes.values():
+            if node.fn is not None:
+                func = import_callable(node.fn)
+                self._fns[node.name] = func
+                self._fn_params[node.name] = accepted_params(func)
+        self.state = ExecutorState.RUNNING
+
+    def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
+        model = self.graph.models[name]
+        concurrency = int(model.options.get("concurrency", 1))
+        if self.batching and model.batch.enabled:
+            from usg.runtime.batcher import BatchingRunner
+
+            return BatchingRunner(
+                name,
+                backend,
+                self._pool,
+                model.batch,
+                concurrency=concurrency,
+                listeners=[obs.batch_finished for obs in self.observers],
+            )
+        return DirectRunner(name, backend, self._pool, concurrency=concurrency)
+
+    async def aclose(self) -> None:
+        """Stop runners (finishing queued items) and close backends."""
+        if self.state in (ExecutorState.CLOSED, ExecutorState.CLOSING):
+            return
+        self.state = ExecutorState.CLOSING
+        for runner in self._runners.values():
+            await runner.stop()
+        for backend in self._backends.values():
+            backend.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.state = ExecutorState.CLOSED
+
+    async def __aenter__(self) -> Executor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def runners(self) -> Mapping[str, ModelRunner]:
+        return self._runners
+
+    # -- requests ----------------------------------------------------------------------------
+    def plan(self, present: set[str]) -> tuple[list[str], list[str]]:
+        return plan_request(self.graph, present)
+
+    async def infer(
+        self, inputs: Mapping[str, Any], *, timeout_s: float | None = None, request_id: str | None = None
+    ) -> InferResult:
+        """Run one request. Absent optional inputs prune the nodes that need them."""
+        if self.state is ExecutorState.NEW:
+            await self.start()
+        if self.state is not ExecutorState.RUNNING:
+            raise StateError(f"executor is {self.state.value}; it accepts no new requests")
+        rid = request_id or f"r{next(_ids)}"
+        values = normalize_inputs(self.graph, inputs)
+        modalities = sorted(self.graph.inputs[n].modality.value for n in values)
+        for obs in self.observers:
+            obs.request_started(rid, modalities)
+        t0 = time.perf_counter()
+        self._inflight += 1
+        status = "error"
+        pruned: list[str] = []
+        try:
+            deadline = self.timeout_s if timeout_s is None else timeout_s
+            try:
+                async with asyncio.timeout(deadline):
+                    result = await self._run(rid, values)
+            except TimeoutError:
+                status = "timeout"
+                raise RequestTimeout(
+                    f"request {rid} did not finish within {deadline:g} s; fix: raise the timeout, "
+                    "or check `usg doctor` / the metrics for a slow model"
+                ) from None
+            status = "ok"
+            pruned = result.pruned_nodes
+            return result
+        finally:
+            self._inflight -= 1
+            for obs in self.observers:
+                obs.request_finished(rid, modalities, time.perf_counter() - t0, status, pruned)
+
+    async def _run(self, rid: str, values: dict[str, Any]) -> InferResult:
+        active, pruned = self.plan(set(values))
+        outputs: dict[str, dict[str, Any] | None] = {}
+        node_ms: dict[str, float] = {}
+        tasks: dict[str, asyncio.Task[None]] = {}
+
+        async def run_node(name: str) -> None:
+            node = self.graph.nodes[name]
+            deps = [tasks[s] for s in {r.source for r in node.inputs.values() if not r.is_graph_input}]
+            if deps:
+                await asyncio.gather(*deps)
+            args: dict[str, Any] = {}
+            for port, ref in node.inputs.items():
+                if ref.is_graph_input:
+                    args[port] = values[ref.port]
+                else:
+                    up = outputs.get(ref.source)
+                    if up is None:  # upstream skipped at run time
+                        outputs[name] = None
+                        return
+                    if ref.port not in up:
+                        raise BackendError(
+                            f"node {ref.source!r} returned no output {ref.port!r} (it returned "
+                            f"{sorted(up)}), which node {name!r} needs; fix: return {ref.port!r} from it"
+                        )
+                    args[port] = up[ref.port]
+            if any(v is None for v in args.values()):
+                outputs[name] = None  # an upstream said "nothing here": skip this branch
+                return
+            start = time.perf_counter()
+            timing = ItemTiming()
+            items = 1
+            ok = False
+            try:
+                if node.model is not None:
+                    outputs[name], items = await self._run_model_node(node, args, timing)
+                else:
+                    outputs[name], items = await self._run_fn_node(node, args)
+                ok = True
+            finally:
+                end = time.perf_counter()
+                node_ms[name] = (end - start) * 1e3
+                event = NodeEvent(
+                    rid,
+                    name,
+                    node.kind,
+                    node.model,
+                    start,
+                    end,
+                    timing.queue_ms,
+                    timing.compute_ms,
+                    items,
+                    ok,
+                )
+                for obs in self.observers:
+                    obs.node_finished(event)
+
+        for name in active:
+            tasks[name] = asyncio.create_task(run_node(name), name=f"{rid}:{name}")
+        try:
+            await asyncio.gather(*tasks.values())
+        finally:
+            for t in tasks.values():
+                if not t.done():
+                    t.cancel()
+            # let cancelled tasks finish so no "Task was destroyed" warnings leak
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        skipped = [n for n in active if outputs.get(n) is None]
+        result_outputs: dict[str, Any] = {}
+        for oname, ref in self.graph.outputs.items():
+            if ref.is_graph_input:
+                if ref.port in values:
+                    result_outputs[oname] = values[ref.port]
+                continue
+            up = outputs.get(ref.source)
+            if up is not None and up.get(ref.port) is not None:
+                result_outputs[oname] = up[ref.port]
+        all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
+        return InferResult(result_outputs, all_pruned, node_ms, rid)
+
+    async def _run_fn_node(self, node: NodeDef, args: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        func = self._fns[node.name]
+        names, var_kw = self._fn_params[node.name]
+        opts = {k: v for k, v in node.options.items() if var_kw or k in names}
+        loop = asyncio.get_running_loop()
+
+        def call(kwargs: dict[str, Any]) -> dict[str, Any]:
+            try:
+                out = func(**kwargs, **opts)
+            except USGError:
+                raise
+            except Exception as exc:
+                raise BackendError(
+                    f"node {node.name!r} (fn {node.fn}) raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if not isinstance(out, dict):
+                raise BackendError(
+                    f"node {node.name!r} (fn {node.fn}) returned {type(out).__name__}; "
+                    "fix: return a dict of output port -> value"
+                )
+            return out
+
+        if not node.map:
+            return await loop.run_in_executor(self._pool, call, args), 1
+        per_item = self._split_map(node, args)
+
+        def call_all() -> dict[str, Any]:
+            results = [call(a) for a in per_item]
+            keys = results[0].keys() if results else []
+            return {k: [r[k] for r in results] for k in keys}
+
+        return await loop.run_in_executor(self._pool, call_all), len(per_item)
+
+    def _split_map(self, node: NodeDef, args: dict[str, Any]) -> list[dict[str, Any]]:
+        lengths = {p: len(args[p]) for p in node.map}
+        if len(set(lengths.values())) > 1:
+            raise BackendError(
+                f"node {node.name!r} maps over lists of different lengths {lengths}; "
+                "fix: make the upstream nodes return lists of equal length"
+            )
+        n = next(iter(lengths.values()), 0)
+        return [{p: (args[p][i] if p in node.map else args[p]) for p in args} for i in range(n)]
+
+    async def _run_model_node(
+        self, node: NodeDef, args: dict[str, Any], timing: ItemTiming
+    ) -> tuple[dict[str, Any], int]:
+        assert node.model is not None
+        runner = self._runners[node.model]
+        specs = self._in_specs[node.model]
+        out_names = self._out_names[node.model]
+
+        def prepare(item: dict[str, Any]) -> dict[str, Any]:
+            item = {p: ([v] if isinstance(v, str) else v) for p, v in item.items()}
+            check_model_inputs(node.name, node.model or "", specs, item)
+            return item
+
+        def with_alias(out: dict[str, Any]) -> dict[str, Any]:
+            if len(out_names) == 1 and out_names[0] in out:
+                out = {**out, "out": out[out_names[0]]}
+            return out
+
+        if not node.map:
+            out = await runner.submit(prepare(args), timing)
+            return with_alias(out), 1
+        items = [prepare(a) for a in self._split_map(node, args)]
+        timings = [ItemTiming() for _ in items]
+        outs = await asyncio.gather(*(runner.submit(it, t) for it, t in zip(items, timings, strict=True)))
+        timing.queue_ms = sum(t.queue_ms for t in timings)
+        timing.compute_ms = sum(t.compute_ms for t in timings)
+        keys = [*out_names, "out"] if len(out_names) == 1 else out_names
+        gathered = {k: [with_alias(o)[k] for o in outs] for k in keys}
+        return gathered, len(items)
+
+    # -- sync facade -------------------------------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def runner() -> None:
+                    asyncio.set_event_loop(loop)
+                    ready.set()
+                    loop.run_forever()
+
+                self._loop_thread = threading.Thread(target=runner, name="usg-loop", daemon=True)
+                self._loop_thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self._ensure_loop()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def start_sync(self) -> None:
+        self._call(self.start())
+
+    def infer_sync(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferResult:
+        """Blocking :meth:`infer` for scripts and the CLI (runs an event loop in a background thread)."""
+        return self._call(self.infer(inputs, timeout_s=timeout_s))
+
+    def close(self) -> None:
+        """Blocking :meth:`aclose`; also stops the background loop of the sync facade."""
+        if self._loop is not None:
+            self._call(self.aclose())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop.close()
+            self._loop = None
+        elif self.state is not ExecutorState.CLOSED:
+            asyncio.run(self.aclose())
+
+    def __enter__(self) -> Executor:
+        self.start_sync()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

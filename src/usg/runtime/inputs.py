@@ -1,0 +1,74 @@
+"""Turn raw request inputs into the values nodes consume, by modality, with clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from usg.errors import InputError
+from usg.graph.model import Graph
+from usg.ops.image import DEFAULT_MAX_IMAGE_PIXELS, decode_image
+from usg.specs import Modality
+
+__all__ = ["normalize_inputs"]
+
+
+def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate names and presence, decode images, check tensor specs; absent inputs are left out."""
+    unknown = sorted(set(raw) - set(graph.inputs))
+    if unknown:
+        raise InputError(
+            f"unknown input(s) {', '.join(map(repr, unknown))} for graph {graph.name!r}",
+            field=unknown[0],
+            fix=f"use the graph's inputs: {', '.join(sorted(graph.inputs))}",
+        )
+    max_pixels = int(graph.limits.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS))
+    values: dict[str, Any] = {}
+    for name, d in graph.inputs.items():
+        value = raw.get(name)
+        if value is None:
+            if not d.optional:
+                raise InputError(
+                    f"required input {name!r} ({d.modality.value}) is missing",
+                    field=name,
+                    fix=f"pass {name}=... (declare optional: true in the graph to allow leaving it out)",
+                )
+            continue
+        if d.modality is Modality.IMAGE:
+            values[name] = decode_image(value, field=name, max_pixels=max_pixels)
+        elif d.modality is Modality.TEXT:
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise InputError(
+                        f"{name}: text is not valid UTF-8", field=name, fix="send UTF-8 text"
+                    ) from None
+            if not isinstance(value, str):
+                raise InputError(
+                    f"{name}: expected text, got {type(value).__name__}", field=name, fix="pass a string"
+                )
+            values[name] = value
+        else:
+            if d.spec is not None:
+                if not isinstance(value, np.ndarray):
+                    raise InputError(
+                        f"{name}: expected an array ({d.spec.describe()}), got {type(value).__name__}",
+                        field=name,
+                        fix="pass a numpy array",
+                    )
+                problems = d.spec.check(value)
+                if problems:
+                    raise InputError(
+                        f"{name}: {value.dtype.name}{list(value.shape)} does not match "
+                        f"{d.spec.describe()}: {'; '.join(problems)}",
+                        field=name,
+                        fix=f"pass an array of {d.spec.describe()}",
+                    )
+            values[name] = value
+    if not values:
+        present = ", ".join(f"{n} ({d.modality.value})" for n, d in graph.inputs.items())
+        raise InputError("no inputs given", field=None, fix=f"pass at least one of: {present}")
+    return values

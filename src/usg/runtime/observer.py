@@ -1,0 +1,45 @@
+"""Hooks the executor calls as requests and nodes run (metrics and tracing plug in here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from usg.runtime.batcher import BatchEvent
+
+__all__ = ["NodeEvent", "Observer"]
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    request_id: str
+    node: str
+    kind: str  # "model" | "fn"
+    model: str | None
+    start: float  # time.perf_counter() at start
+    end: float
+    queue_ms: float  # summed over items for map nodes
+    compute_ms: float
+    items: int
+    ok: bool
+
+
+class Observer:
+    """Base observer: every hook is a no-op. Hooks run on the event loop; keep them cheap."""
+
+    def request_started(self, request_id: str, modalities: Sequence[str]) -> None:
+        return None
+
+    def node_finished(self, event: NodeEvent) -> None:
+        return None
+
+    def batch_finished(self, event: BatchEvent) -> None:
+        """A batcher made one backend call (size, padding, queue waits, compute)."""
+        return None
+
+    def request_finished(
+        self, request_id: str, modalities: Sequence[str], seconds: float, status: str, pruned: Sequence[str]
+    ) -> None:
+        return None

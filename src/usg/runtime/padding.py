@@ -1,0 +1,159 @@
+"""How items of one model become one batch and back: grouping keys, padding, budgets, splitting.
+
+An item maps port → array with a leading batch axis (often 1 row), or port → list of
+strings. Without a pad policy only items whose arrays have identical shapes (past axis 0)
+and dtypes share a batch. With one, the declared axes may differ and are padded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from usg.graph.model import PadPolicy
+
+__all__ = ["assemble", "group_key", "item_length", "next_size", "padded_elements", "split_outputs"]
+
+
+def _axes(pad: PadPolicy | None, port: str) -> tuple[int, ...]:
+    if pad is None:
+        return ()
+    return pad.axes.get(port, pad.axes.get("*", ()))
+
+
+def next_size(size: int, pad: PadPolicy) -> int:
+    """The padded size for ``size``: the next bucket, else the next multiple, else unchanged."""
+    if pad.buckets:
+        i = bisect.bisect_left(pad.buckets, size)
+        if i < len(pad.buckets):
+            return pad.buckets[i]
+    if pad.multiple:
+        return int(math.ceil(size / pad.multiple) * pad.multiple)
+    return size
+
+
+def group_key(item: Mapping[str, Any], pad: PadPolicy | None) -> tuple[Any, ...]:
+    """Items with equal keys may share a batch."""
+    key: list[Any] = []
+    for port in sorted(item):
+        v = item[port]
+        if isinstance(v, np.ndarray):
+            axes = _axes(pad, port)
+            dims = tuple(-1 if (a in axes) else d for a, d in enumerate(v.shape) if a > 0)
+            key.append((port, v.dtype.str, v.ndim, dims))
+        else:
+            key.append((port, "list"))
+    return tuple(key)
+
+
+def item_length(item: Mapping[str, Any], pad: PadPolicy | None) -> int:
+    """The item's size along its padded axes (product), used to order items by length."""
+    if pad is None:
+        # without padding, order by total size so similar items are adjacent
+        return int(sum(v.size for v in item.values() if isinstance(v, np.ndarray)))
+    for port, v in sorted(item.items()):
+        axes = _axes(pad, port)
+        if axes and isinstance(v, np.ndarray):
+            return int(np.prod([v.shape[a] for a in axes]))
+    return 0
+
+
+def _target_shape(arrays: Sequence[np.ndarray], axes: tuple[int, ...], pad: PadPolicy | None) -> list[int]:
+    shape = list(arrays[0].shape[1:])
+    for a in axes:
+        biggest = max(x.shape[a] for x in arrays)
+        shape[a - 1] = next_size(biggest, pad) if pad is not None else biggest
+    return shape
+
+
+def padded_elements(items: Sequence[Mapping[str, Any]], pad: PadPolicy) -> int:
+    """Rows × padded extent along the padded axes of the first padded input (tokens or pixels)."""
+    for port in sorted(items[0]):
+        axes = _axes(pad, port)
+        if axes and isinstance(items[0][port], np.ndarray):
+            arrays = [it[port] for it in items]
+            shape = _target_shape(arrays, axes, pad)
+            extent = int(np.prod([shape[a - 1] for a in axes]))
+            return sum(int(x.shape[0]) for x in arrays) * extent
+    return 0
+
+
+def assemble(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> tuple[dict[str, Any], int, int]:
+    """Concatenate items into one batch; returns (inputs, real elements, padded elements)."""
+    out: dict[str, Any] = {}
+    real = padded = 0
+    for port in items[0]:
+        values = [it[port] for it in items]
+        if not isinstance(values[0], np.ndarray):
+            merged: list[Any] = []
+            for v in values:
+                merged.extend(v)
+            out[port] = merged
+            continue
+        axes = _axes(pad, port)
+        if not axes or (len(values) == 1 and pad is None):
+            out[port] = values[0] if len(values) == 1 else np.concatenate(values, axis=0)
+            n = sum(v.size for v in values)
+            real += n
+            padded += n
+            continue
+        shape = _target_shape(values, axes, pad)
+        fill = pad.value.get(port, pad.value.get("*", 0.0)) if pad is not None else 0.0
+        rows = sum(int(v.shape[0]) for v in values)
+        batch = np.full([rows, *shape], fill, dtype=values[0].dtype)
+        r = 0
+        for v in values:
+            index = (slice(r, r + v.shape[0]), *(slice(0, d) for d in v.shape[1:]))
+            batch[index] = v
+            r += v.shape[0]
+            real += v.size
+        padded += batch.size
+        out[port] = batch
+    return out, real, padded
+
+
+def split_outputs(
+    outputs: Mapping[str, Any],
+    items: Sequence[Mapping[str, Any]],
+    pad: PadPolicy | None,
+    inputs: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says)."""
+    rows = []
+    for it in items:
+        n = 1
+        for v in it.values():
+            if isinstance(v, np.ndarray) and v.ndim:
+                n = int(v.shape[0])
+                break
+            if isinstance(v, list):
+                n = len(v)
+                break
+        rows.append(n)
+    total = sum(rows)
+    parts: list[dict[str, Any]] = [{} for _ in items]
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        if arr.ndim == 0 or arr.shape[0] != total:
+            raise ValueError(
+                f"batched output {name!r} has {arr.shape[0] if arr.ndim else 0} rows for a batch of {total}; "
+                "the model must preserve the batch size on axis 0"
+            )
+        trims = pad.trim.get(name, {}) if pad is not None else {}
+        r = 0
+        for i, (it, n) in enumerate(zip(items, rows, strict=True)):
+            piece = arr[r : r + n]
+            for out_axis, (src, in_axis, div) in trims.items():
+                src_v = it.get(src)
+                if isinstance(src_v, np.ndarray):
+                    keep = math.ceil(src_v.shape[in_axis] / div)
+                    index = [slice(None)] * piece.ndim
+                    index[out_axis] = slice(0, keep)
+                    piece = piece[tuple(index)]
+            parts[i][name] = piece
+            r += n
+    return parts

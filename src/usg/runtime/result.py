@@ -1,0 +1,42 @@
+"""What a request returns, and its JSON form (the one ``usg run --json`` and HTTP print)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["InferResult", "to_jsonable"]
+
+
+def to_jsonable(value: Any) -> Any:
+    """Arrays become (nested) lists, numpy scalars Python numbers; dicts and lists recurse."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """Outputs of one request (absent outputs are not keys), the pruned nodes, and per-node wall time."""
+
+    outputs: dict[str, Any]
+    pruned_nodes: list[str] = field(default_factory=list)
+    node_ms: dict[str, float] = field(default_factory=dict)
+    request_id: str = ""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "outputs": to_jsonable(self.outputs),
+            "pruned_nodes": list(self.pruned_nodes),
+            "node_ms": {k: round(v, 3) for k, v in self.node_ms.items()},
+        }

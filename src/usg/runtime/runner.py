@@ -1,0 +1,77 @@
+"""Model runners: how the executor hands one item to a model.
+
+An *item* is a dict of port → array whose axis 0 is a (usually size-1) batch axis,
+or a list of strings for text ports. :class:`DirectRunner` runs each item as its
+own backend call; the batching runner (``usg.runtime.batcher``) groups items
+from many nodes and requests into one call. Both expose the same ``submit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from concurrent.futures import Executor as PoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from usg.backends.base import Backend
+from usg.errors import BackendError, USGError
+
+__all__ = ["DirectRunner", "ItemTiming", "ModelRunner"]
+
+
+@dataclass
+class ItemTiming:
+    """Where an item's time went: waiting for a batch slot, and inside the backend."""
+
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    batch_size: int = 1
+
+
+class ModelRunner(Protocol):
+    model: str
+
+    async def start(self) -> None: ...
+
+    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]: ...
+
+    async def stop(self) -> None: ...
+
+
+def call_backend(backend: Backend, model: str, batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one batch, turning unexpected exceptions into BackendError that names the model."""
+    try:
+        return backend.infer(batch)
+    except USGError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"model {model!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+class DirectRunner:
+    """One backend call per item, at most ``concurrency`` at a time (like one Triton instance)."""
+
+    def __init__(self, model: str, backend: Backend, pool: PoolExecutor, *, concurrency: int = 1) -> None:
+        self.model = model
+        self.backend = backend
+        self.pool = pool
+        self._sem = asyncio.Semaphore(max(1, concurrency))
+
+    async def start(self) -> None:
+        return None
+
+    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        async with self._sem:
+            t1 = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, item)
+        if timing is not None:
+            timing.queue_ms = (t1 - t0) * 1e3
+            timing.compute_ms = (time.perf_counter() - t1) * 1e3
+        return out
+
+    async def stop(self) -> None:
+        return None

@@ -1,0 +1,53 @@
+"""Node functions used by the unit-test graphs (importable as ``testops:NAME``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from usg.ops.signature import ListOf, op
+from usg.specs import TensorSpec
+
+
+def identity(x: Any) -> dict[str, Any]:
+    return {"y": x}
+
+
+@op(
+    inputs={"x": TensorSpec("float32", (1, None))},
+    outputs={"items": ListOf(TensorSpec("float32", (1, None)))},
+)
+def split_rows(x: np.ndarray, *, parts: int = 3) -> dict[str, Any]:
+    return {"items": [x * (i + 1) for i in range(parts)]}
+
+
+def upper(text: str) -> dict[str, Any]:
+    return {"text": text.upper()}
+
+
+def length(text: str) -> dict[str, Any]:
+    return {"n": np.array([[len(text)]], dtype=np.float32)}
+
+
+def nothing(text: str) -> dict[str, Any]:
+    return {"text": None}
+
+
+def sleepy(text: str, *, seconds: float = 1.0) -> dict[str, Any]:
+    time.sleep(seconds)
+    return {"text": text}
+
+
+def boom(text: str) -> dict[str, Any]:
+    raise RuntimeError("kaboom")
+
+
+def not_a_dict(text: str) -> Any:
+    return [text]
+
+
+@op(outputs={"hwc": TensorSpec("uint8", ("H", "W", 3), layout="HWC")})
+def raw_image(image: np.ndarray) -> dict[str, Any]:
+    return {"hwc": image}

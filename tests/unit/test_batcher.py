@@ -1,0 +1,136 @@
+"""Batching invariants on fake backends: grouping, padding, budgets, poison isolation, overload."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from usg.errors import BackendError, Overloaded
+from usg.graph import BatchPolicy, PadPolicy
+from usg.runtime.batcher import BatchingRunner
+from usg.runtime.padding import next_size
+from usg.testing import FakeBackend
+
+
+def summer() -> FakeBackend:
+    """Row sums: padding with zeros does not change a row's sum."""
+    return FakeBackend(lambda i: {"s": i["x"].sum(axis=tuple(range(1, i["x"].ndim)))[:, None]})
+
+
+async def run_items(policy, items, backend, concurrency=1, listeners=None):
+    pool = ThreadPoolExecutor(4)
+    runner = BatchingRunner("m", backend, pool, policy, concurrency=concurrency, listeners=listeners)
+    await runner.start()
+    try:
+        return await asyncio.gather(*(runner.submit(it) for it in items), return_exceptions=True)
+    finally:
+        await runner.stop()
+        pool.shutdown()
+
+
+def test_same_shape_items_from_many_callers_share_one_batch():
+    fake = summer()
+    items = [{"x": np.full((1, 4), i, np.float32)} for i in range(8)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=50), items, fake))
+    assert [float(o["s"][0, 0]) for o in outs] == [4.0 * i for i in range(8)]
+    assert [c["x"].shape[0] for c in fake.calls] == [8]
+
+
+def test_unequal_shapes_are_not_mixed_without_a_pad_policy():
+    fake = summer()
+    items = [{"x": np.ones((1, w), np.float32)} for w in (3, 5, 3, 5, 3)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=30), items, fake))
+    assert [float(o["s"][0, 0]) for o in outs] == [3, 5, 3, 5, 3]
+    assert sorted(c["x"].shape for c in fake.calls) == [(2, 5), (3, 3)]
+
+
+def test_pad_safe_model_pads_to_multiple_and_results_are_unchanged():
+    fake = summer()
+    pad = PadPolicy(axes={"x": (1,)}, multiple=8)
+    items = [{"x": np.arange(1, w + 1, dtype=np.float32)[None]} for w in (3, 9, 5)]
+    events = []
+    outs = asyncio.run(
+        run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad), items, fake, listeners=[events.append])
+    )
+    assert [float(o["s"][0, 0]) for o in outs] == [6.0, 45.0, 15.0]
+    assert [c["x"].shape for c in fake.calls] == [(3, 16)]
+    (ev,) = events
+    assert ev.items == 3 and ev.real_elements == 17 and ev.padded_elements == 48
+
+
+def test_buckets_and_token_budget_split_batches():
+    assert next_size(100, PadPolicy(axes={}, buckets=(160, 320))) == 160
+    assert next_size(400, PadPolicy(axes={}, buckets=(160, 320), multiple=32)) == 416
+    fake = summer()
+    pad = PadPolicy(axes={"x": (1,)}, buckets=(8, 16, 32))
+    items = [{"x": np.ones((1, w), np.float32)} for w in (30, 30, 30, 6, 6)]
+    asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad, max_tokens=64), items, fake))
+    # the budget of 64 padded tokens allows at most 2 rows padded to the 32 bucket
+    shapes = sorted(c["x"].shape for c in fake.calls)
+    assert all(r * w <= 64 for r, w in shapes)
+    assert sum(r for r, _ in shapes) == 5
+
+
+def test_items_are_ordered_by_length_inside_the_window():
+    fake = summer()
+    pad = PadPolicy(axes={"x": (1,)}, multiple=8)
+    items = [{"x": np.ones((1, w), np.float32)} for w in (5, 50, 6, 48)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=2, max_delay_ms=50, pad=pad), items, fake))
+    assert [float(o["s"][0, 0]) for o in outs] == [5, 50, 6, 48]
+    assert sorted(c["x"].shape for c in fake.calls) == [(2, 8), (2, 56)]
+
+
+def test_preferred_sizes_cut_batches():
+    fake = summer()
+    items = [{"x": np.ones((1, 2), np.float32)} for _ in range(7)]
+    asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=30, preferred_sizes=(2, 4)), items, fake))
+    assert [c["x"].shape[0] for c in fake.calls][0] == 4
+
+
+def test_poison_item_fails_alone_and_the_rest_of_its_batch_succeeds():
+    def handler(inp):
+        if (inp["x"] < 0).any():
+            raise ValueError("negative input")
+        return {"s": inp["x"].sum(axis=1, keepdims=True)}
+
+    fake = FakeBackend(handler)
+    items = [{"x": np.full((1, 2), v, np.float32)} for v in (1, 2, -1, 4, 5, 6)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=30), items, fake))
+    assert isinstance(outs[2], BackendError) and "negative input" in str(outs[2])
+    assert [float(o["s"][0, 0]) for i, o in enumerate(outs) if i != 2] == [2, 4, 8, 10, 12]
+    assert fake.calls[0]["x"].shape[0] == 6  # it was batched, then split
+
+
+def test_full_queue_is_refused_with_retry_after():
+    async def main():
+        gate = asyncio.Event()
+        pool = ThreadPoolExecutor(2)
+        fake = FakeBackend(lambda i: {"s": i["x"]})
+        runner = BatchingRunner("m", fake, pool, BatchPolicy(max_size=2, max_delay_ms=1000, max_queue=3))
+        await runner.start()
+        first = [asyncio.create_task(runner.submit({"x": np.ones((1, 1), np.float32) * k})) for k in range(1)]
+        await asyncio.sleep(0)
+        # queue holds 1 (waiting for a partner); fill to 3, then the 4th is refused
+        more = [asyncio.create_task(runner.submit({"x": np.ones((1, 2), np.float32)})) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="queue is full") as exc:
+            await runner.submit({"x": np.ones((1, 3), np.float32)})
+        assert exc.value.retry_after > 0 and exc.value.status == 429
+        gate.set()
+        await runner.stop()
+        await asyncio.gather(*first, *more)
+        pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_batch_that_changes_batch_size_is_a_clear_error():
+    fake = FakeBackend(lambda i: {"s": np.zeros((1, 1), np.float32)})
+    items = [{"x": np.ones((1, 2), np.float32)} for _ in range(3)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=4, max_delay_ms=30), items, fake))
+    # the batch of 3 returns 1 row: split until size 1, where 1 row is right
+    assert all(not isinstance(o, Exception) for o in outs)
+    fake2 = FakeBackend(lambda i: {"s": np.zeros((i["x"].shape[0] + 1, 1), np.float32)})
+    outs = asyncio.run(run_items(BatchPolicy(max_size=4, max_delay_ms=30), items, fake2))
+    assert all(isinstance(o, BackendError) and "preserve the batch size" in str(o) for o in outs)

@@ -1,0 +1,193 @@
+"""Executor logic on fake backends: pruning, fan-out order, sharing a model, contracts, timeouts."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from usg.errors import BackendError, ContractError, InputError, RequestTimeout, StateError
+from usg.graph import GraphBuilder
+from usg.runtime import Executor, ExecutorState
+from usg.specs import TensorSpec
+from usg.testing import FakeBackend
+
+
+def doubler() -> FakeBackend:
+    return FakeBackend(
+        lambda inp: {"y": inp["x"] * 2},
+        input_specs={"x": TensorSpec("float32", ("batch", None))},
+        output_specs={"y": TensorSpec("float32", ("batch", None))},
+    )
+
+
+def two_branch_graph():
+    return (
+        GraphBuilder("two")
+        .input("text", "text", optional=True)
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)), optional=True)
+        .model("m", "python", options={"callable": "testops:identity"})
+        .node("up", fn="testops:upper", inputs={"text": "inputs.text"})
+        .node("len", fn="testops:length", inputs={"text": "up.text"})
+        .node("split", fn="testops:split_rows", inputs={"x": "inputs.x"}, options={"parts": 4})
+        .node("dbl", model="m", map=True, inputs={"x": "split.items"})
+        .node("dbl_len", model="m", inputs={"x": "len.n"})
+        .output("upper", "up.text")
+        .output("doubled", "dbl.y")
+        .output("n2", "dbl_len.y")
+        .build()
+    )
+
+
+def test_text_only_request_prunes_the_tensor_branch_transitively():
+    fake = doubler()
+    with Executor(two_branch_graph(), backends={"m": fake}) as ex:
+        r = ex.infer_sync({"text": "abc"})
+    assert r.outputs["upper"] == "ABC"
+    np.testing.assert_array_equal(r.outputs["n2"], [[6.0]])
+    assert "doubled" not in r.outputs
+    assert r.pruned_nodes == ["split", "dbl"]
+    assert set(r.node_ms) == {"up", "len", "dbl_len"}
+
+
+def test_fan_out_runs_once_per_item_and_gathers_in_order():
+    fake = doubler()
+    with Executor(two_branch_graph(), backends={"m": fake}, batching=False) as ex:
+        r = ex.infer_sync({"x": np.array([[1.0, 2.0]], np.float32)})
+    got = [a.tolist() for a in r.outputs["doubled"]]
+    assert got == [[[2.0, 4.0]], [[4.0, 8.0]], [[6.0, 12.0]], [[8.0, 16.0]]]
+    assert len(fake.calls) == 4  # direct runner: one call per item
+    assert r.pruned_nodes == ["up", "len", "dbl_len"]
+
+
+def test_one_model_shared_by_two_nodes_uses_one_backend():
+    fake = doubler()
+    with Executor(two_branch_graph(), backends={"m": fake}, batching=False) as ex:
+        r = ex.infer_sync({"x": np.ones((1, 2), np.float32), "text": "hey"})
+    assert {"upper", "doubled", "n2"} <= set(r.outputs)
+    assert len(fake.calls) == 5  # 4 map items + 1 from dbl_len, same backend
+
+
+def test_contract_error_names_node_both_shapes_and_the_fix():
+    g = (
+        GraphBuilder("c")
+        .input("image", "image")
+        .model("det", "python", options={"callable": "testops:identity"})
+        .node("raw", fn="testops:raw_image", inputs={"image": "inputs.image"})
+        .node("det", model="det", inputs={"x": "raw.hwc"})
+        .output("p", "det.y")
+        .build()
+    )
+    fake = FakeBackend(
+        lambda i: {"y": i["x"]}, input_specs={"x": TensorSpec("float32", ("n", 3, "h", "w"), layout="NCHW")}
+    )
+    with Executor(g, backends={"det": fake}) as ex:
+        with pytest.raises(ContractError) as exc:
+            ex.infer_sync({"image": np.zeros((32, 48, 3), np.uint8)})
+    msg = str(exc.value)
+    assert "node 'det' (model 'det') input 'x': got uint8[32, 48, 3]" in msg
+    assert "model expects float32 [n,3,h,w] NCHW" in msg
+    assert "dtype uint8, expected float32" in msg and "rank 3" in msg
+    assert "fix: the model wants float32 NCHW with a batch axis" in msg
+    assert exc.value.field == "det.x" and exc.value.status == 422
+    assert fake.calls == []  # the backend never saw the bad tensor
+
+
+def test_wrong_dtype_tensor_input_through_python_api():
+    with Executor(two_branch_graph(), backends={"m": doubler()}) as ex:
+        with pytest.raises(InputError, match=r"x: float64\[1, 2\] does not match float32 \[1,\?\]"):
+            ex.infer_sync({"x": np.ones((1, 2))})
+        with pytest.raises(InputError, match="unknown input\\(s\\) 'y'"):
+            ex.infer_sync({"y": 1})
+        with pytest.raises(InputError, match="no inputs given"):
+            ex.infer_sync({})
+
+
+def test_runtime_none_skips_the_branch_and_the_output_is_absent():
+    g = (
+        GraphBuilder("n")
+        .input("text", "text")
+        .node("nothing", fn="testops:nothing", inputs={"text": "inputs.text"})
+        .node("up", fn="testops:upper", inputs={"text": "nothing.text"})
+        .output("upper", "up.text")
+        .output("raw", "nothing.text")
+        .build()
+    )
+    with Executor(g) as ex:
+        r = ex.infer_sync({"text": "x"})
+    assert r.outputs == {}
+    assert r.pruned_nodes == ["up"]
+
+
+def test_timeout_and_node_errors_are_clear():
+    g = (
+        GraphBuilder("t")
+        .input("text", "text")
+        .node("slow", fn="testops:sleepy", inputs={"text": "inputs.text"}, options={"seconds": 2})
+        .node("bad", fn="testops:boom", inputs={"text": "inputs.text"})
+        .node("notdict", fn="testops:not_a_dict", inputs={"text": "inputs.text"})
+        .output("a", "slow.text")
+        .output("b", "bad.text")
+        .output("c", "notdict.text")
+        .build()
+    )
+    with Executor(g) as ex:
+        with pytest.raises((RequestTimeout, BackendError)) as exc:
+            ex.infer_sync({"text": "x"}, timeout_s=0.3)
+    assert "kaboom" in str(exc.value) or "did not finish within 0.3 s" in str(exc.value)
+
+    g2 = (
+        GraphBuilder("t2")
+        .input("text", "text")
+        .node("slow", fn="testops:sleepy", inputs={"text": "inputs.text"}, options={"seconds": 1})
+        .output("a", "slow.text")
+        .build()
+    )
+    with Executor(g2) as ex, pytest.raises(RequestTimeout, match="did not finish within 0.2 s"):
+        ex.infer_sync({"text": "x"}, timeout_s=0.2)
+
+    g3 = (
+        GraphBuilder("t3")
+        .input("text", "text")
+        .node("bad", fn="testops:boom", inputs={"text": "inputs.text"})
+        .output("b", "bad.text")
+        .build()
+    )
+    with (
+        Executor(g3) as ex,
+        pytest.raises(BackendError, match=r"node 'bad' \(fn testops:boom\) raised RuntimeError: kaboom"),
+    ):
+        ex.infer_sync({"text": "x"})
+
+    g4 = (
+        GraphBuilder("t4")
+        .input("text", "text")
+        .node("nd", fn="testops:not_a_dict", inputs={"text": "inputs.text"})
+        .output("c", "nd.text")
+        .build()
+    )
+    with Executor(g4) as ex, pytest.raises(BackendError, match="returned list; fix: return a dict"):
+        ex.infer_sync({"text": "x"})
+
+
+def test_lifecycle_states_refuse_clearly():
+    ex = Executor(two_branch_graph(), backends={"m": doubler()})
+    assert ex.state is ExecutorState.NEW
+    ex.start_sync()
+    assert ex.state is ExecutorState.RUNNING
+    ex.close()
+    assert ex.state is ExecutorState.CLOSED
+
+    async def after_close():
+        with pytest.raises(StateError, match="executor is closed"):
+            await ex.infer({"text": "a"})
+
+    asyncio.run(after_close())
+
+
+def test_async_api_runs_requests_concurrently():
+    async def main():
+        async with Executor(two_branch_graph(), backends={"m": doubler()}) as ex:
+            results = await asyncio.gather(*(ex.infer({"text": f"t{i}"}) for i in range(20)))
+        return [r.outputs["upper"] for r in results]
+
+    assert asyncio.run(main()) == [f"T{i}" for i in range(20)]

@@ -1,0 +1,174 @@
+from pathlib import Path
+
+import pytest
+
+from usg.errors import GraphError
+from usg.graph import GraphBuilder, load_graph
+from usg.graph.paths import resolve_path
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "g.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_malformed_yaml_names_line_and_column(tmp_path):
+    p = write(tmp_path, "name: x\nnodes:\n  a: {fn: testops:upper, inputs: {text: inputs.text}\n")
+    with pytest.raises(GraphError, match=r"g\.yaml:\d+:\d+: malformed YAML") as exc:
+        load_graph(p)
+    assert "fix:" in str(exc.value)
+
+
+def test_missing_graph_file(tmp_path):
+    with pytest.raises(GraphError, match="graph file does not exist"):
+        load_graph(tmp_path / "nope.yaml")
+
+
+def test_cycle_is_reported_with_its_path(tmp_path):
+    p = write(
+        tmp_path,
+        """
+inputs: {text: {modality: text}}
+nodes:
+  a: {fn: "testops:upper", inputs: {text: b.text}}
+  b: {fn: "testops:upper", inputs: {text: a.text}}
+outputs: {out: a.text}
+""",
+    )
+    with pytest.raises(GraphError, match=r"cycle: (a -> b -> a|b -> a -> b)") as exc:
+        load_graph(p)
+    assert "break the cycle" in str(exc.value)
+
+
+def test_unknown_fn_module_and_attribute(tmp_path):
+    p = write(
+        tmp_path,
+        """
+inputs: {text: {modality: text}}
+nodes:
+  a: {fn: "testops:uper", inputs: {text: inputs.text}}
+  b: {fn: "no_such_module_xyz:f", inputs: {text: inputs.text}}
+outputs: {a: a.text, b: b.text}
+""",
+    )
+    with pytest.raises(GraphError) as exc:
+        load_graph(p)
+    msg = str(exc.value)
+    assert "2 problems" in msg
+    assert "'testops' has no attribute 'uper'" in msg and "upper" in msg
+    assert "module 'no_such_module_xyz' cannot be imported" in msg
+
+
+def test_every_problem_is_collected_once(tmp_path):
+    p = write(
+        tmp_path,
+        """
+inputs: {text: {modality: text}, img: {modality: picture}}
+models:
+  m: {backend: onnxruntime, path: missing.onnx}
+  t: {backend: nosuch}
+nodes:
+  a: {fn: "testops:upper", inputs: {text: inputs.txt}}
+  b: {model: mm, inputs: {x: a.text}}
+  c: {fn: "testops:upper", model: m, inputs: {text: zz.text}}
+  d: {fn: "testops:upper", inputs: {text: inputs.text}, bogus: 1}
+outputs: {o: a.text}
+""",
+    )
+    with pytest.raises(GraphError) as exc:
+        load_graph(p)
+    text = str(exc.value)
+    for fragment in [
+        "unknown modality 'picture'",
+        "model file",
+        "missing.onnx does not exist",
+        "unknown backend 'nosuch'",
+        "unknown graph input 'inputs.txt'",
+        "did you mean 'text'",
+        "unknown model 'mm'",
+        "exactly one of 'model' or 'fn'",
+        "unknown node 'zz'",
+        "unknown key 'bogus'",
+    ]:
+        assert fragment in text, fragment
+    assert len(exc.value.problems) == 8
+    assert all(p.fix for p in exc.value.problems)
+
+
+def test_onnx_port_names_and_edge_dtypes_checked_against_the_model(tmp_path):
+    det = "pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
+    p = write(
+        tmp_path,
+        f"""
+inputs: {{image: {{modality: image}}}}
+models:
+  det: {{path: "{det}"}}
+nodes:
+  raw: {{fn: "testops:raw_image", inputs: {{image: inputs.image}}}}
+  det: {{model: det, inputs: {{x: raw.hwc, y: raw.hwc}}}}
+outputs: {{p: det.sigmoid_0.tmp_0, q: det.nope}}
+""",
+    )
+    with pytest.raises(GraphError) as exc:
+        load_graph(p)
+    text = str(exc.value)
+    assert "model 'det' has no input 'y'" in text and "known: x" in text
+    assert "node 'det' has no output 'nope'" in text
+    # the uint8 HWC image wired straight into the float32 NCHW model
+    assert "raw.hwc (uint8 [H,W,3] HWC) -> det.x (float32" in text
+    assert "dtype uint8 flows into float32" in text and "rank 3" in text
+    assert "insert a preprocessing node" in text
+
+
+def test_map_over_single_tensor_and_list_into_tensor(tmp_path):
+    p = write(
+        tmp_path,
+        """
+inputs: {x: {modality: tensor, dtype: float32, shape: [1, null]}}
+models:
+  det: {path: "pkg://rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"}
+nodes:
+  split: {fn: "testops:split_rows", inputs: {x: inputs.x}, map: true}
+  split2: {fn: "testops:split_rows", inputs: {x: inputs.x}}
+  cls: {model: det, inputs: {x: split2.items}}
+outputs: {a: split.items, b: cls.out}
+""",
+    )
+    with pytest.raises(GraphError) as exc:
+        load_graph(p)
+    text = str(exc.value)
+    assert "map over inputs.x, which is a single tensor" in text
+    assert "split2.items is a list" in text and "add map: x to nodes.cls" in text
+
+
+def test_builder_and_yaml_produce_the_same_graph(tmp_path):
+    p = write(
+        tmp_path,
+        """
+name: g
+inputs: {text: {modality: text, optional: true}}
+nodes:
+  up: {fn: "testops:upper", inputs: {text: inputs.text}}
+outputs: {shout: up.text}
+""",
+    )
+    from_yaml = load_graph(p)
+    built = (
+        GraphBuilder("g")
+        .input("text", "text", optional=True)
+        .node("up", fn="testops:upper", inputs={"text": "inputs.text"})
+        .output("shout", "up.text")
+        .build()
+    )
+    assert built.nodes == from_yaml.nodes
+    assert built.inputs == from_yaml.inputs
+    assert built.outputs == from_yaml.outputs
+
+
+def test_pkg_and_relative_paths(tmp_path):
+    det = resolve_path("pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", None)
+    assert det.is_file()
+    assert resolve_path("m.onnx", tmp_path) == (tmp_path / "m.onnx").resolve()
+    with pytest.raises(ValueError, match="not installed"):
+        resolve_path("pkg://no_such_pkg_xyz/a.onnx", None)

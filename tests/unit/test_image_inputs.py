@@ -1,0 +1,69 @@
+import io
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from usg.errors import InputError, PayloadTooLarge
+from usg.ops.image import decode_image, to_nchw_float
+
+
+def png_bytes(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (255, 255, 255)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_decodes_paths_bytes_and_arrays(tmp_path):
+    p = tmp_path / "a.png"
+    p.write_bytes(png_bytes(7, 5))
+    assert decode_image(p).shape == (5, 7, 3)
+    assert decode_image(png_bytes(3, 4)).dtype == np.uint8
+    gray = np.zeros((4, 4), np.uint8)
+    assert decode_image(gray).shape == (4, 4, 3)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(InputError, match=r"image: file '.*nope.png' does not exist; fix: pass the path"):
+        decode_image(tmp_path / "nope.png")
+    with pytest.raises(InputError, match="is a directory"):
+        decode_image(tmp_path)
+
+
+def test_zero_byte_and_corrupt_bytes(tmp_path):
+    p = tmp_path / "empty.png"
+    p.write_bytes(b"")
+    with pytest.raises(InputError, match=r"is empty \(0 bytes\)"):
+        decode_image(p)
+    with pytest.raises(
+        InputError, match=r"is not a decodable image \(first bytes 6e6f7420616e2069\).*fix: send a PNG"
+    ):
+        decode_image(b"not an image at all")
+    truncated = png_bytes(50, 50)[:60]
+    with pytest.raises(InputError, match="truncated or corrupt|not a decodable image"):
+        decode_image(truncated)
+
+
+def test_empty_array_and_wrong_dtype():
+    with pytest.raises(InputError, match="image array is 0x0"):
+        decode_image(np.zeros((0, 0, 3), np.uint8))
+    with pytest.raises(InputError, match=r"dtype float32, expected uint8; fix: convert with"):
+        decode_image(np.zeros((4, 4, 3), np.float32))
+
+
+def test_pixel_limit_is_checked_from_the_header_before_decoding():
+    big = png_bytes(6000, 6000)  # 36 MP of white compresses to a few KB
+    t0 = time.perf_counter()
+    with pytest.raises(
+        PayloadTooLarge, match=r"image is 6000x6000 = 36000000 pixels, above the limit of 1000000"
+    ):
+        decode_image(big, max_pixels=1_000_000)
+    # decoding 36 MP would take far longer than reading a header; generous bound, not a benchmark
+    assert time.perf_counter() - t0 < 1.0
+    assert PayloadTooLarge.status == 413
+
+
+def test_to_nchw_float():
+    x = to_nchw_float(np.full((2, 3, 3), 255, np.uint8))["x"]
+    assert x.shape == (1, 3, 2, 3) and x.dtype == np.float32 and float(x.max()) == 1.0

@@ -1,0 +1,138 @@
+"""``usg plan`` through the real command group and entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from usg.cli import cli, main
+from usg.errors import UsageError
+
+RES = Path(__file__).resolve().parents[1] / "resources" / "plan"
+LLAMA3 = str(RES / "llama-3-8b.json")
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["plan", *args])
+
+
+def test_table_output_for_llama3_on_l4() -> None:
+    r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--concurrency", "16")
+    assert r.exit_code == 0, r.output
+    assert "DOES NOT FIT" in r.output
+    assert "KV per token" in r.output and "128.00 KiB" in r.output
+    assert (
+        "vllm serve llama-3-8b --gpu-memory-utilization 0.90 --max-model-len 8192 --max-num-seqs 5"
+        in r.output
+    )
+    assert "max_batch_size=5" in r.output
+    assert "--tensor-parallel-size: 1 → 2" in r.output
+
+
+def test_json_output_for_a_vlm() -> None:
+    r = run(
+        str(RES / "qwen2-vl-2b-instruct.json"),
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "8192",
+        "--concurrency",
+        "16",
+        "--images-per-prompt",
+        "2",
+        "--image-size",
+        "448x448",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["fits"] is True and d["model"]["image_tokens"] == 256
+    assert d["settings"]["vllm"]["--limit-mm-per-prompt"] == """'{"image": 2}'"""
+
+
+def test_directory_config_and_gpu_count(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(Path(LLAMA3).read_text())
+    r = run(str(tmp_path), "--gpu", "L4x2", "--max-model-len", "8192", "--concurrency", "16", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["tensor_parallel_size"] == 2 and d["fits"] is True
+
+
+def test_custom_gpu_file(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.yaml"
+    f.write_text("name: MI300X\nmemory_gb: 192\nbandwidth_gbps: 5300\nbf16_tflops: 1307\n")
+    r = run(LLAMA3, "--gpu-file", str(f), "--max-model-len", "8192", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["gpu"]["name"] == "MI300X"
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plan.png"
+    r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--concurrency", "16", "--plot", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_errors_propagate_as_usage_errors() -> None:
+    with pytest.raises(UsageError, match=r"--gpu 'B300' is not a known GPU"):
+        reraise(run(LLAMA3, "--gpu", "B300"))
+    with pytest.raises(UsageError, match=r"no GPU given; fix: pass --gpu NAME\[xN\]"):
+        reraise(run(LLAMA3, "--max-model-len", "8192"))
+    with pytest.raises(UsageError, match=r"--image-size 'big' is not WIDTHxHEIGHT"):
+        reraise(run(LLAMA3, "--gpu", "L4", "--image-size", "big"))
+
+
+def reraise(result: Result) -> None:
+    """CliRunner keeps the exception; USG errors must reach the caller, not become a traceback print."""
+    assert result.exception is not None, result.output
+    raise result.exception
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "L4", "--concurrency", "-4"], "--concurrency -4 must be >= 1"),
+        (["--gpu", "NoSuchGPU"], "is not a known GPU"),
+        (["--gpu", "L4", "--block-size", "0"], "--block-size 0 must be >= 1"),
+        (["--gpu", "L4", "--dtype", "int3"], "--dtype 'int3' is not a known dtype"),
+    ],
+)
+def test_entry_point_exits_2_with_a_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", LLAMA3, *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "/no/such/config.json", "--gpu", "L4"])
+    assert exc.value.code == 2
+    assert "does not exist; fix: pass a Hugging Face config.json" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    from usg.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--plot", str(tmp_path / "p.png"))
+    with pytest.raises(
+        MissingDependency, match=r"usg plan --plot needs .*'matplotlib'.*pip install 'usg\[report\]'"
+    ):
+        reraise(r)
+
+
+def test_plot_into_missing_directory(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--plot", str(tmp_path / "no" / "p.png"))
+    with pytest.raises(UsageError, match=r"does not exist; fix: create it first"):
+        reraise(r)
