@@ -51,12 +51,21 @@ def test_pad_safe_model_pads_to_multiple_and_results_are_unchanged():
     items = [{"x": np.arange(1, w + 1, dtype=np.float32)[None]} for w in (3, 9, 5)]
     events = []
     outs = asyncio.run(
-        run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad), items, fake, listeners=[events.append])
+        run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad, max_pad_waste=1.0), items, fake, listeners=[events.append])
     )
     assert [float(o["s"][0, 0]) for o in outs] == [6.0, 45.0, 15.0]
     assert [c["x"].shape for c in fake.calls] == [(3, 16)]
     (ev,) = events
     assert ev.items == 3 and ev.real_elements == 17 and ev.padded_elements == 48
+
+
+def test_padding_waste_bound_keeps_batches_tight():
+    fake = summer()
+    pad = PadPolicy(axes={"x": (1,)}, multiple=8)
+    items = [{"x": np.ones((1, w), np.float32)} for w in (3, 9, 5)]
+    asyncio.run(run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad, max_pad_waste=0.35), items, fake))
+    # all three would be 37% padding (17 real of 27): the 9 goes alone
+    assert sorted(c["x"].shape for c in fake.calls) == [(1, 16), (2, 8)]
 
 
 def test_buckets_and_token_budget_split_batches():

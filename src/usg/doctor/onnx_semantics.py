@@ -187,8 +187,7 @@ def check_static_outputs(s: OnnxSubject) -> Iterator[Finding]:
             yield _f(
                 C_STATIC_OUT,
                 s,
-                f"output {out.name!r} has static shape {dims} while input(s) "
-                f"{dynamic_inputs} have a dynamic batch dim",
+                f"output {out.name!r} has static shape {dims} while input(s) {dynamic_inputs} have a dynamic batch dim",
                 "export with dynamic_axes for the output too (e.g. {'" + out.name + "': {0: 'batch'}}) "
                 "and check the model at batch 2",
                 element=out.name,
@@ -294,10 +293,8 @@ def check_resize(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
         a = _attrs(n)
         mode = _s(a.get("mode"), "nearest")
         mode = "linear" if mode in ("bilinear", "trilinear") else mode
-        if n.op_type == "Upsample":  # opset <= 9: always asymmetric
-            ctm = "asymmetric"
-        else:
-            ctm = _s(a.get("coordinate_transformation_mode"), "half_pixel")
+        # Upsample (opset <= 9) is always asymmetric
+        ctm = "asymmetric" if n.op_type == "Upsample" else _s(a.get("coordinate_transformation_mode"), "half_pixel")
         nearest_mode = _s(a.get("nearest_mode"), "round_prefer_floor") if mode == "nearest" else "-"
         antialias = int(a.get("antialias", 0) or 0)
         if _resize_key(mode, ctm) in RESIZE_DRIFT or antialias:
@@ -398,8 +395,7 @@ def check_int64_inputs(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
             s,
             f"input {inp.name!r} is int64; TensorRT casts it to int32, so values "
             ">= 2**31 (hashes, large offsets) wrap around",
-            f"export {inp.name!r} as int32 if its values fit (token ids do), or keep this model on "
-            "ONNX Runtime",
+            f"export {inp.name!r} as int32 if its values fit (token ids do), or keep this model on ONNX Runtime",
             element=inp.name,
             severity=severity,
             input=inp.name,

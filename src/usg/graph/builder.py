@@ -116,9 +116,7 @@ class GraphBuilder:
     def build(self) -> Graph:
         problems = list(self._problems)
         if not self._outputs:
-            problems.append(
-                GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')")
-            )
+            problems.append(GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')"))
         return validate_graph(
             self.name,
             self._inputs,

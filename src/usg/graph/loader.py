@@ -18,7 +18,16 @@ __all__ = ["parse_graph", "read_graph_file"]
 _TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "description"}
 _INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
 _MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
-_BATCH_KEYS = {"max_size", "max_delay_ms", "preferred_sizes", "pad", "max_tokens", "max_pixels", "max_queue"}
+_BATCH_KEYS = {
+    "max_size",
+    "max_delay_ms",
+    "preferred_sizes",
+    "pad",
+    "max_tokens",
+    "max_pixels",
+    "max_queue",
+    "max_pad_waste",
+}
 _PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
 _NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description"}
 
@@ -45,9 +54,7 @@ def read_graph_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise GraphError(
-            [GraphProblem(str(path), "graph file does not exist", "check the path you passed")]
-        ) from None
+        raise GraphError([GraphProblem(str(path), "graph file does not exist", "check the path you passed")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise GraphError(
             [GraphProblem(str(path), f"cannot read graph file: {exc}", "pass a UTF-8 YAML file")]
@@ -58,11 +65,7 @@ def read_graph_file(path: Path) -> dict[str, Any]:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise GraphError(
-            [
-                GraphProblem(
-                    where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line"
-                )
-            ],
+            [GraphProblem(where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line")],
             source=str(path),
         ) from None
     except yaml.YAMLError as exc:
@@ -112,9 +115,7 @@ def _pad(c: _Collector, where: str, data: Any) -> PadPolicy | None:
     raw_axes = data.get("axes")
     axes: dict[str, tuple[int, ...]] = {}
     if isinstance(raw_axes, dict):
-        axes = {
-            str(k): tuple(int(a) for a in (v if isinstance(v, list) else [v])) for k, v in raw_axes.items()
-        }
+        axes = {str(k): tuple(int(a) for a in (v if isinstance(v, list) else [v])) for k, v in raw_axes.items()}
     elif isinstance(raw_axes, list):
         axes = {"*": tuple(int(a) for a in raw_axes)}
     else:
@@ -129,11 +130,7 @@ def _pad(c: _Collector, where: str, data: Any) -> PadPolicy | None:
         c.add(f"{where}.multiple", f"multiple is {multiple!r}", "use a positive integer such as 8 or 32")
         multiple = None
     raw_value = data.get("value", {})
-    value = (
-        {str(k): float(v) for k, v in raw_value.items()}
-        if isinstance(raw_value, dict)
-        else {"*": float(raw_value)}
-    )
+    value = {str(k): float(v) for k, v in raw_value.items()} if isinstance(raw_value, dict) else {"*": float(raw_value)}
     trim: dict[str, dict[int, tuple[str, int, int]]] = {}
     for out_name, rules in (data.get("trim") or {}).items():
         trim[str(out_name)] = {}
@@ -184,6 +181,7 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
         max_tokens=num("max_tokens", None, int),
         max_pixels=num("max_pixels", None, int),
         max_queue=num("max_queue", 256, int),
+        max_pad_waste=min(1.0, num("max_pad_waste", 0.35, float)),
     )
 
 
@@ -217,9 +215,7 @@ def parse_graph(
     name = str(data.get("name") or (Path(source).stem if source else "graph"))
 
     inputs: dict[str, InputDef] = {}
-    for iname, idata in _mapping(
-        c, "inputs", data.get("inputs"), "write inputs: {NAME: {modality: image}}"
-    ).items():
+    for iname, idata in _mapping(c, "inputs", data.get("inputs"), "write inputs: {NAME: {modality: image}}").items():
         where = f"inputs.{iname}"
         idata = _mapping(c, where, idata, "write NAME: {modality: image|text|audio|tensor, optional: true}")
         c.unknown_keys(where, idata, _INPUT_KEYS)
@@ -271,9 +267,7 @@ def parse_graph(
         c, "nodes", data.get("nodes"), "write nodes: {NAME: {model: M, inputs: {...}}}"
     ).items():
         where = f"nodes.{nname}"
-        ndata = _mapping(
-            c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}"
-        )
+        ndata = _mapping(c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}")
         c.unknown_keys(where, ndata, _NODE_KEYS)
         refs: dict[str, Ref] = {}
         for port, raw in _mapping(

@@ -70,6 +70,9 @@ class BatchPolicy:
     max_tokens: int | None = None
     max_pixels: int | None = None
     max_queue: int = 256
+    # with padding: stop growing a batch when more than this fraction of its padded elements
+    # would be padding (on CPU, compute follows padded tokens; tight batches beat big ones)
+    max_pad_waste: float = 0.35
 
     @property
     def enabled(self) -> bool:

@@ -48,9 +48,7 @@ def resolve_path(raw: str, base_dir: Path | None) -> Path:
         rest = text[len("pkg://") :]
         package, _, rel = rest.partition("/")
         if not package or not rel:
-            raise PathResolutionError(
-                f"{raw!r} is not a package path", "write pkg://PACKAGE/relative/path/in/package"
-            )
+            raise PathResolutionError(f"{raw!r} is not a package path", "write pkg://PACKAGE/relative/path/in/package")
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             raise PathResolutionError(

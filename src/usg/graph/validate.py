@@ -323,6 +323,4 @@ def validate_graph(
     all_problems = list(problems or []) + v.problems
     if all_problems:
         raise GraphError(all_problems, source=str(source) if source else name)
-    return Graph(
-        name, inputs, models, nodes, outputs, source=source, order=tuple(order), limits=dict(limits or {})
-    )
+    return Graph(name, inputs, models, nodes, outputs, source=source, order=tuple(order), limits=dict(limits or {}))

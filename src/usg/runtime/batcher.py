@@ -227,10 +227,18 @@ class BatchingRunner:
         return chosen
 
     def _within_budget(self, items: list[_Pending]) -> bool:
-        budget = self.policy.max_tokens or self.policy.max_pixels
-        if budget is None or self.pad is None:
+        """Padded elements within max_tokens/max_pixels, and padding waste within max_pad_waste."""
+        if self.pad is None:
             return True
-        return padded_elements([p.item for p in items], self.pad) <= budget
+        padded = padded_elements([p.item for p in items], self.pad)
+        budget = self.policy.max_tokens or self.policy.max_pixels
+        if budget is not None and padded > budget:
+            return False
+        # waste from unequal lengths only (rounding up to a multiple or bucket is paid anyway)
+        rows = sum(p.rows for p in items)
+        longest = max(p.length for p in items)
+        real = sum(p.length * p.rows for p in items)
+        return longest == 0 or (rows * longest - real) / (rows * longest) <= self.policy.max_pad_waste
 
     # -- running -----------------------------------------------------------------------------
     async def _run_batch(self, batch: list[_Pending]) -> None:

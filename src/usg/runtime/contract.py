@@ -29,9 +29,7 @@ def _fix(spec: TensorSpec, arr: np.ndarray) -> str:
     return f"make the producing node emit {spec.describe()}"
 
 
-def check_model_inputs(
-    node: str, model: str, specs: Mapping[str, TensorSpec], item: Mapping[str, Any]
-) -> None:
+def check_model_inputs(node: str, model: str, specs: Mapping[str, TensorSpec], item: Mapping[str, Any]) -> None:
     """Raise :class:`ContractError` naming the node, port, both specs and the fix if ``item`` breaks ``specs``."""
     bound: dict[str, tuple[int, str]] = {}
     for port, value in item.items():

@@ -48,9 +48,7 @@ def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]
     alive: set[str] = set()
     for name in graph.order:
         node = graph.nodes[name]
-        ok = all(
-            (r.port in present) if r.is_graph_input else (r.source in alive) for r in node.inputs.values()
-        )
+        ok = all((r.port in present) if r.is_graph_input else (r.source in alive) for r in node.inputs.values())
         if ok:
             alive.add(name)
             active.append(name)
@@ -303,9 +301,7 @@ class Executor:
             except USGError:
                 raise
             except Exception as exc:
-                raise BackendError(
-                    f"node {node.name!r} (fn {node.fn}) raised {type(exc).__name__}: {exc}"
-                ) from exc
+                raise BackendError(f"node {node.name!r} (fn {node.fn}) raised {type(exc).__name__}: {exc}") from exc
             if not isinstance(out, dict):
                 raise BackendError(
                     f"node {node.name!r} (fn {node.fn}) returned {type(out).__name__}; "

@@ -43,13 +43,9 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
                 try:
                     value = value.decode("utf-8")
                 except UnicodeDecodeError:
-                    raise InputError(
-                        f"{name}: text is not valid UTF-8", field=name, fix="send UTF-8 text"
-                    ) from None
+                    raise InputError(f"{name}: text is not valid UTF-8", field=name, fix="send UTF-8 text") from None
             if not isinstance(value, str):
-                raise InputError(
-                    f"{name}: expected text, got {type(value).__name__}", field=name, fix="pass a string"
-                )
+                raise InputError(f"{name}: expected text, got {type(value).__name__}", field=name, fix="pass a string")
             values[name] = value
         else:
             if d.spec is not None:

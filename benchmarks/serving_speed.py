@@ -1,0 +1,184 @@
+"""Issue #3 speed targets, measured in one run against baselines on the same machine.
+
+A. MiniLM text embedding, 32 concurrent clients: USG with the graph's batch policy vs the
+   same graph with batching off and one request at a time through the model
+   (requests/s ratio, target >= 3x; and p95 <= 2 x p50 for USG).
+B. Document OCR graph, 8 concurrent clients over the same document images: USG vs RapidOCR's
+   own engine called per request from a thread pool of 8 (one engine per thread), with the
+   OCR text checked identical (throughput ratio, target >= 1.2x).
+
+Run: python benchmarks/serving_speed.py [--duration 20] [--only minilm|ocr]
+Prints a table; no pass/fail (machines here are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from usg.graph import load_graph
+from usg.runtime import Executor
+from usg.testing.documents import Line, render_document
+
+GRAPH = Path(__file__).parents[1] / "examples" / "document_ocr" / "graph.yaml"
+TEXTS = [
+    "invoice total due",
+    "where is my parcel with tracking code QX93020",
+    "refund policy for damaged goods shipped abroad within the european union",
+    "hi",
+    "quarterly revenue grew by twelve percent while operating costs stayed flat " * 2,
+    "contact support",
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q)) if values else float("nan")
+
+
+async def closed_loop(
+    call: Any, inputs: list[dict[str, Any]], clients: int, duration: float, warmup: float
+) -> tuple[int, list[float], float]:
+    """Each client sends the next input as soon as its previous request returns."""
+    latencies: list[float] = []
+    done = 0
+    t_start = time.perf_counter()
+    measure_from = t_start + warmup
+    stop_at = measure_from + duration
+
+    async def client(k: int) -> None:
+        nonlocal done
+        i = k
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            await call(inputs[i % len(inputs)])
+            t1 = time.perf_counter()
+            if t0 >= measure_from and t1 <= stop_at:
+                latencies.append((t1 - t0) * 1e3)
+                done += 1
+            i += clients
+
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    return done, latencies, duration
+
+
+def row(name: str, done: int, lat: list[float], duration: float) -> dict[str, float | str]:
+    return {
+        "system": name,
+        "req/s": done / duration,
+        "p50 ms": pct(lat, 50),
+        "p95 ms": pct(lat, 95),
+        "p99 ms": pct(lat, 99),
+        "n": done,
+    }
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{title}")
+    print(f"{'system':<34}{'req/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'n':>7}")
+    for r in rows:
+        print(
+            f"{r['system']:<34}{r['req/s']:>9.1f}{r['p50 ms']:>10.1f}{r['p95 ms']:>10.1f}{r['p99 ms']:>10.1f}"
+            f"{r['n']:>7}"
+        )
+
+
+async def bench_minilm(duration: float, clients: int = 32) -> None:
+    graph = load_graph(GRAPH, export_missing=True)
+    inputs = [{"text": t} for t in TEXTS]
+    rows = []
+    async with Executor(graph) as ex:
+        done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=2)
+        rows.append(row("USG (dynamic batching)", done, lat, d))
+    # baseline: the same graph, no batching, one request at a time through the model
+    unbatched = replace(
+        graph, models={k: replace(m, options={**m.options, "concurrency": 1}) for k, m in graph.models.items()}
+    )
+    async with Executor(unbatched, batching=False) as ex:
+        done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=2)
+        rows.append(row("same model, one request at a time", done, lat, d))
+    print_table(f"A. MiniLM text embedding, {clients} concurrent clients, {duration:g} s", rows)
+    usg, base = rows
+    print(f"throughput ratio USG / one-at-a-time: {usg['req/s'] / base['req/s']:.2f}x (target >= 3x)")
+    print(f"USG p95 / p50: {usg['p95 ms'] / usg['p50 ms']:.2f} (target <= 2)")
+
+
+def documents() -> list[np.ndarray]:
+    fonts = ["DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf", "DejaVuSans-Bold.ttf"]
+    docs = []
+    for i in range(6):
+        f = fonts[i % len(fonts)]
+        docs.append(
+            render_document(
+                [
+                    Line(f"INVOICE 2026-{1000 + i}", 32, "DejaVuSans-Bold.ttf"),
+                    Line(f"Customer number {48213 + 17 * i}", 26, f),
+                    Line("Item: servo motor x4   EUR 312.40", 24, f),
+                    Line("Item: control board x1   EUR 89.00", 24, f),
+                    Line(f"Total due: EUR {401.40 + i:.2f}", 28, "DejaVuSans-Bold.ttf"),
+                    Line("Payment within 30 days", 22, angle=3 if i % 2 else 0),
+                ]
+            )
+        )
+    return docs
+
+
+async def bench_ocr(duration: float, clients: int = 8) -> None:
+    from rapidocr_onnxruntime import RapidOCR
+
+    graph = load_graph(GRAPH, export_missing=True)
+    docs = documents()
+    inputs = [{"image": d} for d in docs]
+    rows = []
+    async with Executor(graph) as ex:
+        usg_text = [[ln["text"] for ln in (await ex.infer(i)).outputs["lines"]] for i in inputs]
+        done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=3)
+        rows.append(row("USG document-OCR graph", done, lat, d))
+
+    local = threading.local()
+
+    def engine() -> Any:
+        if not hasattr(local, "ocr"):
+            local.ocr = RapidOCR()
+        return local.ocr
+
+    def rapid(image: np.ndarray) -> list[str]:
+        res, _ = engine()(np.ascontiguousarray(image[:, :, ::-1]))
+        return [r[1] for r in (res or [])]
+
+    pool = ThreadPoolExecutor(clients)
+    loop = asyncio.get_running_loop()
+    ref_text = [await loop.run_in_executor(pool, rapid, d) for d in docs]
+    same = usg_text == ref_text
+
+    async def call(inp: dict[str, Any]) -> Any:
+        return await loop.run_in_executor(pool, rapid, inp["image"])
+
+    done, lat, d = await closed_loop(call, inputs, clients, duration, warmup=3)
+    pool.shutdown()
+    rows.append(row(f"RapidOCR, thread pool of {clients}", done, lat, d))
+    print_table(f"B. Document OCR, {clients} concurrent clients, {duration:g} s", rows)
+    print(f"OCR text identical to RapidOCR's on all {len(docs)} documents: {same}")
+    print(f"throughput ratio USG / RapidOCR pool: {rows[0]['req/s'] / rows[1]['req/s']:.2f}x (target >= 1.2x)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--only", choices=["minilm", "ocr"])
+    args = ap.parse_args()
+    if args.only in (None, "minilm"):
+        asyncio.run(bench_minilm(args.duration))
+    if args.only in (None, "ocr"):
+        asyncio.run(bench_ocr(args.duration))
+
+
+if __name__ == "__main__":
+    main()
