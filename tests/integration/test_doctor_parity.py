@@ -148,7 +148,7 @@ def test_cli_file_path_factory_json_exit_1() -> None:
         parity, ["--torch", f"{MODELS}:frozen_batch", "--exporter", "legacy", "--format", "json"]
     )
     assert res.exit_code == 1, res.output
-    data = json.loads(res.output)
+    data = json.loads(res.output)["findings"]
     assert [d["code"] for d in data] == ["PAR001", "PAR000"]
     assert data[0]["root_cause"] == "dynamic_shape_fixed" and data[0]["stage"] == "parity"
 

@@ -178,7 +178,7 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     runner = CliRunner()
     res = runner.invoke(logs, [str(LOGS / "vllm.log"), "--format", "json"])
     assert res.exit_code == 1
-    data = json.loads(res.output)
+    data = json.loads(res.output)["findings"]
     assert [d["code"] for d in data] == ["LOG021", "LOG022", "LOG025"]
     assert data[0]["root_cause"] == "memory" and data[0]["stage"] == "logs"
     clean = tmp_path / "ok.log"

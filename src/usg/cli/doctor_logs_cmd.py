@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,38 +14,27 @@ from usg.errors import UsageError
 __all__ = ["exit_code", "logs", "render_findings"]
 
 
-def render_findings(findings: Sequence[Finding], fmt: str, extra: dict[str, Any] | None = None) -> None:
-    """Print findings as a rich table (``text``) or a JSON list of ``finding.to_dict()`` (``json``).
+def render_findings(
+    findings: Sequence[Finding], fmt: str, extra: dict[str, Any] | None = None, output: str | None = None
+) -> None:
+    """Render with the doctor's shared renderer (text/json/html/sarif, root-cause matrix included).
 
-    The one rendering seam of the parity/logs commands, to be swapped for the shared renderer.
+    ``extra`` sections (e.g. the parity shape table) are printed before a text report.
     """
-    if fmt == "json":
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
-        return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    import sys as _sys
 
-    console = Console(soft_wrap=False)
-    if not findings:
-        console.print("[green]no findings[/green]")
-        return
-    table = Table(show_lines=True)
-    for col in ("code", "severity", "root cause", "where", "message", "fix"):
-        table.add_column(col, overflow="fold")
-    colour = {Severity.ERROR: "red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
-    for f in findings:
-        table.add_row(
-            f.code,
-            f"[{colour[f.severity]}]{f.severity.value}[/]",
-            f.root_cause.value,
-            escape(str(f.location)),
-            escape(f.message),  # messages hold "[triton]", "[E]": text, not markup
-            escape(f.fix),
-        )
-    console.print(table)
-    for title, text in (extra or {}).items():
-        console.print(f"[bold]{escape(title)}[/bold]\n{escape(text)}")
+    from usg.doctor.render import render
+
+    text = render(findings, fmt, color=output is None and fmt == "text" and _sys.stdout.isatty())
+    if fmt == "text" and extra:
+        sections = "\n".join(f"{title}\n{body}\n" for title, body in extra.items())
+        text = f"{sections}\n{text}"
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
 
 
 def exit_code(findings: Sequence[Finding]) -> int:
@@ -55,9 +43,12 @@ def exit_code(findings: Sequence[Finding]) -> int:
 
 @click.command("logs")
 @click.argument("source", type=str)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "html", "sarif"]), default="text", show_default=True
+)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write the report to a file.")
 @click.option("--no-unclassified", is_flag=True, help="Hide error lines no rule recognises (LOG000).")
-def logs(source: str, fmt: str, no_unclassified: bool) -> None:
+def logs(source: str, fmt: str, output: str | None, no_unclassified: bool) -> None:
     """Classify the error lines of a log FILE (or - for stdin) into root causes, with a fix each.
 
     Knows Triton, ONNX Runtime, torch.onnx export, TensorRT, vLLM and transformers messages;
@@ -79,5 +70,5 @@ def logs(source: str, fmt: str, no_unclassified: bool) -> None:
     findings = classify_text(text, name)
     if no_unclassified:
         findings = [f for f in findings if f.code != "LOG000"]
-    render_findings(findings, fmt)
+    render_findings(findings, fmt, output=output)
     sys.exit(exit_code(findings))

@@ -28,25 +28,21 @@ def _parse_sizes(items: tuple[str, ...]) -> dict[str, list[int]]:
 
 @click.command("parity")
 @click.option("--torch", "torch_spec", required=True, help="module:factory or path/to/file.py:factory.")
-@click.option(
-    "--onnx", "onnx_path", type=click.Path(dir_okay=False, path_type=Path), help="ONNX file to check."
-)
+@click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False, path_type=Path), help="ONNX file to check.")
 @click.option(
     "--dynamic-axes",
     help="Dynamic axes: 'input_ids:0=batch,1=seq;attention_mask:0=batch,1=seq' or torch-style JSON. "
     "Default: axis 0 of every input (or the ONNX file's symbolic dims).",
 )
-@click.option(
-    "--exporter", type=click.Choice(["auto", "legacy", "dynamo"]), default="auto", show_default=True
-)
+@click.option("--exporter", type=click.Choice(["auto", "legacy", "dynamo"]), default="auto", show_default=True)
 @click.option("--opset", type=int, help="Opset to export with (default: the exporter's).")
 @click.option("--atol", type=float, default=1e-4, show_default=True)
 @click.option("--rtol", type=float, default=1e-3, show_default=True)
 @click.option("--sizes", multiple=True, help="Sizes for one symbol, e.g. --sizes seq=4,16,33 (repeatable).")
+@click.option("--save-onnx", type=click.Path(file_okay=False, path_type=Path), help="Keep the exported file here.")
 @click.option(
-    "--save-onnx", type=click.Path(file_okay=False, path_type=Path), help="Keep the exported file here."
+    "--format", "fmt", type=click.Choice(["text", "json", "html", "sarif"]), default="text", show_default=True
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def parity(
     torch_spec: str,
     onnx_path: Path | None,

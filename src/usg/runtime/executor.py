@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from usg.backends import Backend, create_backend
@@ -27,7 +28,7 @@ from usg.runtime.inputs import normalize_inputs
 from usg.runtime.observer import NodeEvent, Observer
 from usg.runtime.result import InferResult
 from usg.runtime.runner import DirectRunner, ItemTiming, ModelRunner
-from usg.specs import TensorSpec
+from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]
 
@@ -182,7 +183,17 @@ class Executor:
         if self.state is not ExecutorState.RUNNING:
             raise StateError(f"executor is {self.state.value}; it accepts no new requests")
         rid = request_id or f"r{next(_ids)}"
-        values = normalize_inputs(self.graph, inputs)
+        if any(
+            isinstance(v, (bytes, bytearray, str, Path))
+            and self.graph.inputs.get(k) is not None
+            and self.graph.inputs[k].modality is Modality.IMAGE
+            for k, v in inputs.items()
+        ):
+            # decoding an image takes milliseconds: keep it off the event loop
+            loop = asyncio.get_running_loop()
+            values = await loop.run_in_executor(self._pool, normalize_inputs, self.graph, inputs)
+        else:
+            values = normalize_inputs(self.graph, inputs)
         modalities = sorted(self.graph.inputs[n].modality.value for n in values)
         for obs in self.observers:
             obs.request_started(rid, modalities)

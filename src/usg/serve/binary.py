@@ -1,0 +1,260 @@
+"""The Open Inference Protocol (KServe v2 / Triton) tensor codec, JSON and binary.
+
+Binary tensor data extension: a request or response body is a JSON header of
+``Inference-Header-Content-Length`` bytes followed by the raw data of every
+tensor whose ``parameters.binary_data_size`` is set, in the order the tensors
+appear in the header. Numeric tensors are raw little-endian row-major bytes;
+``BYTES`` tensors are a sequence of elements, each a 4-byte little-endian
+length followed by that many bytes (as ``tritonclient.utils.serialize_byte_tensor``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from usg.errors import InputError
+
+__all__ = [
+    "DATATYPES",
+    "V2Tensor",
+    "decode_bytes_elements",
+    "decode_tensor",
+    "dtype_to_datatype",
+    "encode_bytes_elements",
+    "encode_response",
+    "split_body",
+]
+
+# v2 datatype -> numpy dtype (little-endian); BYTES is handled separately
+DATATYPES: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+}
+_FROM_NUMPY = {v: k for k, v in DATATYPES.items()}
+_LEN = struct.Struct("<I")
+
+
+def dtype_to_datatype(dtype: str | np.dtype[Any] | None) -> str:
+    """The v2 datatype of a numpy dtype name; anything else (strings, objects, unknown) is BYTES."""
+    if dtype is None:
+        return "BYTES"
+    return _FROM_NUMPY.get(np.dtype(dtype).name if not isinstance(dtype, str) else dtype, "BYTES")
+
+
+def encode_bytes_elements(items: Sequence[bytes]) -> bytes:
+    """Serialize BYTES elements: 4-byte little-endian length + the bytes, for each element."""
+    return b"".join(_LEN.pack(len(b)) + b for b in items)
+
+
+def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
+    """Split a serialized BYTES tensor into its elements; errors name the tensor and the offset."""
+    view = memoryview(buf)
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(view):
+        if pos + 4 > len(view):
+            raise InputError(
+                f"{field}: BYTES data ends inside an element length at offset {pos} ({len(view)} bytes)",
+                field=field,
+                fix="prefix each element with its 4-byte little-endian length",
+            )
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 4
+        if pos + n > len(view):
+            raise InputError(
+                f"{field}: BYTES element at offset {pos - 4} declares {n} bytes but only {len(view) - pos} remain",
+                field=field,
+                fix="prefix each element with its 4-byte little-endian length",
+            )
+        out.append(bytes(view[pos : pos + n]))
+        pos += n
+    return out
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+    """Parse the JSON header of a v2 request; return it and the binary tail after it."""
+    if header_length is None:
+        json_part, tail = body, b""
+    else:
+        try:
+            n = int(header_length)
+        except ValueError:
+            n = -1
+        if n < 0 or n > len(body):
+            raise InputError(
+                f"Inference-Header-Content-Length is {header_length!r} but the body has {len(body)} bytes",
+                field="Inference-Header-Content-Length",
+                fix="set it to the byte length of the JSON header that starts the body",
+            )
+        json_part, tail = body[:n], body[n:]
+    try:
+        header = json.loads(json_part)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"the inference request header is not valid JSON ({exc})",
+            field="body",
+            fix='send a JSON object {"inputs": [...]} (with Inference-Header-Content-Length '
+            "when binary tensor data follows it)",
+        ) from None
+    if not isinstance(header, dict):
+        raise InputError(
+            f"the inference request is a JSON {type(header).__name__}, not an object",
+            field="body",
+            fix='send {"inputs": [{"name", "shape", "datatype", "data"}]}',
+        )
+    return header, memoryview(tail)
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, (list, tuple)):
+        out: list[Any] = []
+        for d in data:
+            out.extend(_flatten(d))
+        return out
+    return [data]
+
+
+@dataclass(frozen=True)
+class V2Tensor:
+    """One decoded request tensor: BYTES tensors hold a list of bytes, others a numpy array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    value: np.ndarray[Any, Any] | list[bytes]
+    binary: bool = False  # sent as binary data (not JSON "data")
+
+
+def decode_tensor(spec: Mapping[str, Any], tail: memoryview, offset: int) -> tuple[V2Tensor, int]:
+    """Decode one entry of ``inputs``; return it and the new offset into the binary tail."""
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError("an input tensor has no name", field="inputs", fix='give every entry of inputs a "name"')
+    field = f"inputs.{name}"
+    datatype = spec.get("datatype")
+    if datatype != "BYTES" and datatype not in DATATYPES:
+        raise InputError(
+            f"{field}: unknown datatype {datatype!r}",
+            field=name,
+            fix=f"use one of BYTES, {', '.join(DATATYPES)}",
+        )
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputError(
+            f"{field}: shape {shape!r} is not a list of non-negative ints",
+            field=name,
+            fix="send the tensor's shape, e.g. [1]",
+        )
+    count = math.prod(shape)
+    params = spec.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+            raise InputError(
+                f"{field}: binary_data_size {size!r} at offset {offset} runs past the {len(tail)} bytes of binary data",
+                field=name,
+                fix="set binary_data_size to the byte size of this tensor's data",
+            )
+        raw = tail[offset : offset + size]
+        offset += size
+        if datatype == "BYTES":
+            value: np.ndarray[Any, Any] | list[bytes] = decode_bytes_elements(raw, field)
+            got = len(value)
+        else:
+            itemsize = np.dtype(DATATYPES[str(datatype)]).itemsize
+            if size != count * itemsize:
+                raise InputError(
+                    f"{field}: {size} bytes of binary data for shape {shape} {datatype} (expected {count * itemsize})",
+                    field=name,
+                    fix="make shape and datatype match the data sent",
+                )
+            value = np.frombuffer(raw, dtype=np.dtype(DATATYPES[str(datatype)]).newbyteorder("<")).reshape(shape)
+            got = count
+    else:
+        if "data" not in spec:
+            raise InputError(
+                f"{field}: no data and no binary_data_size parameter",
+                field=name,
+                fix='send "data": [...] or binary data with parameters.binary_data_size',
+            )
+        flat = _flatten(spec["data"])
+        got = len(flat)
+        if datatype == "BYTES":
+            if not all(isinstance(x, str) for x in flat):
+                raise InputError(
+                    f"{field}: BYTES data in JSON must be strings",
+                    field=name,
+                    fix="send strings, or binary data for raw bytes",
+                )
+            value = [x.encode("utf-8") for x in flat]
+        else:
+            try:
+                value = np.asarray(flat, dtype=DATATYPES[str(datatype)])
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InputError(
+                    f"{field}: data does not fit datatype {datatype} ({exc})",
+                    field=name,
+                    fix=f"send numbers representable as {datatype}",
+                ) from None
+            if got == count:
+                value = value.reshape(shape)
+    if got != count:
+        raise InputError(
+            f"{field}: shape {shape} needs {count} elements but {got} were sent",
+            field=name,
+            fix="make shape match the number of elements in data",
+        )
+    return V2Tensor(name, str(datatype), tuple(shape), value, binary=size is not None), offset
+
+
+def _jsonable_element(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def encode_response(
+    header: dict[str, Any], tensors: Sequence[tuple[dict[str, Any], Any, bool]]
+) -> tuple[bytes, int | None]:
+    """Build a v2 response body from ``(entry, value, binary)`` triples.
+
+    ``entry`` holds name/datatype/shape; ``value`` is a numpy array (numeric) or a list of
+    bytes (BYTES). Returns the body and the JSON header length (None: no binary part).
+    """
+    outputs: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for entry, value, binary in tensors:
+        out = dict(entry)
+        if binary:
+            if out["datatype"] == "BYTES":
+                raw = encode_bytes_elements(value)
+            else:
+                raw = np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
+            out["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif out["datatype"] == "BYTES":
+            out["data"] = [b.decode("utf-8", errors="replace") for b in value]
+        else:
+            out["data"] = [_jsonable_element(x) for x in np.asarray(value).reshape(-1).tolist()]
+        outputs.append(out)
+    head = json.dumps({**header, "outputs": outputs}, ensure_ascii=False).encode("utf-8")
+    if not chunks:
+        return head, None
+    return head + b"".join(chunks), len(head)

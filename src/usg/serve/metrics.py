@@ -1,0 +1,160 @@
+"""Prometheus metrics of a served graph, fed by executor hooks (an :class:`Observer`).
+
+Every app gets its own ``CollectorRegistry``, so several apps (tests) never clash.
+Items/s is ``rate(usg_model_items_total[1m])``; the padding-waste ratio of a model over
+a window is ``rate(usg_batch_padded_elements_total - usg_batch_real_elements_total) /
+rate(usg_batch_padded_elements_total)`` (each batch's ratio is also in a histogram).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from usg.runtime.observer import NodeEvent, Observer
+
+if TYPE_CHECKING:
+    from usg.runtime.batcher import BatchEvent
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServeMetrics", "modality_label"]
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+REJECT_REASONS = ("overloaded", "too_large", "bad_input", "timeout", "draining")
+
+
+def modality_label(modalities: Sequence[str]) -> str:
+    """``["text", "image"]`` → ``"image+text"`` (sorted; ``"none"`` when empty)."""
+    return "+".join(sorted(modalities)) or "none"
+
+
+class ServeMetrics(Observer):
+    """Batch size, queue wait, compute, padding waste and items per model; request latency by
+    modality set; pruned nodes; in-flight and rejected requests."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.batch_size = Histogram(
+            "usg_batch_size",
+            "Items per backend call of a batching model.",
+            ["model"],
+            buckets=_SIZES,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "usg_model_queue_wait_seconds",
+            "Time an item waited for its model (batch window or a free instance).",
+            ["model"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.compute = Histogram(
+            "usg_model_compute_seconds",
+            "Backend time of one model call (one batch when batching).",
+            ["model"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.padding_ratio = Histogram(
+            "usg_batch_padding_waste_ratio",
+            "(padded - real) / padded elements of one batch.",
+            ["model"],
+            buckets=_RATIO,
+            registry=r,
+        )
+        self.real_elements = Counter(
+            "usg_batch_real_elements", "Real (unpadded) input elements batched.", ["model"], registry=r
+        )
+        self.padded_elements = Counter(
+            "usg_batch_padded_elements", "Input elements batched after padding.", ["model"], registry=r
+        )
+        self.items = Counter(
+            "usg_model_items", "Items a model processed (rate() gives items/s).", ["model"], registry=r
+        )
+        self.node_seconds = Histogram(
+            "usg_node_seconds",
+            "Wall time of a node within a request.",
+            ["node"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "usg_request_seconds",
+            "Executor latency of a request.",
+            ["modalities", "status"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.pruned = Counter(
+            "usg_pruned_nodes", "Nodes skipped because a request lacked their inputs.", ["node"], registry=r
+        )
+        self.inflight = Gauge("usg_inflight_requests", "HTTP inference requests being handled.", registry=r)
+        self.rejected = Counter("usg_rejected_requests", "Requests refused, by reason.", ["reason"], registry=r)
+        self.http_requests = Counter(
+            "usg_http_requests",
+            "HTTP inference requests by endpoint and status code.",
+            ["endpoint", "code"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "usg_model_queue_depth", "Items waiting in a model's batch queue.", ["model"], registry=r
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        self._batched: set[str] = set()
+
+    def bind_runners(self, runners: Mapping[str, Any]) -> None:
+        """Learn which models batch (their queue/compute come from batch events) and export queue depth."""
+        for name, runner in runners.items():
+            if hasattr(runner, "queue_depth"):
+                self._batched.add(name)
+                self.queue_depth.labels(name).set_function(_depth_of(runner))
+
+    def set_inflight_source(self, source: Callable[[], float]) -> None:
+        self.inflight.set_function(source)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- observer hooks ------------------------------------------------------------------------
+    def node_finished(self, event: NodeEvent) -> None:
+        self.node_seconds.labels(event.node).observe(max(0.0, event.end - event.start))
+        if event.model is None or not event.ok:
+            return
+        self.items.labels(event.model).inc(event.items)
+        if event.model not in self._batched:
+            self.queue_wait.labels(event.model).observe(event.queue_ms / 1e3)
+            self.compute.labels(event.model).observe(event.compute_ms / 1e3)
+
+    def batch_finished(self, event: BatchEvent) -> None:
+        model = event.model
+        self.batch_size.labels(model).observe(event.items)
+        self.compute.labels(model).observe(event.compute_ms / 1e3)
+        wait = self.queue_wait.labels(model)
+        for q in event.queue_ms:
+            wait.observe(q / 1e3)
+        if event.padded_elements > 0:
+            self.real_elements.labels(model).inc(event.real_elements)
+            self.padded_elements.labels(model).inc(event.padded_elements)
+            waste = (event.padded_elements - event.real_elements) / event.padded_elements
+            self.padding_ratio.labels(model).observe(max(0.0, waste))
+
+    def request_finished(
+        self, request_id: str, modalities: Sequence[str], seconds: float, status: str, pruned: Sequence[str]
+    ) -> None:
+        self.request_seconds.labels(modality_label(modalities), status).observe(seconds)
+        for node in pruned:
+            self.pruned.labels(node).inc()
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+
+def _depth_of(runner: Any) -> Callable[[], float]:
+    return lambda: float(runner.queue_depth)

@@ -1,0 +1,183 @@
+"""``POST /v1/infer``: multipart (image files, text fields) or JSON in; ``usg run --json`` out.
+
+JSON requests: ``{"inputs": {"image": {"b64": "..."}, "text": "..."}}``; an image may also be a
+bare base64 string (a ``data:`` URL prefix is accepted); a tensor input is a nested list or
+``{"data": [...], "shape": [...]}`` (dtype from the graph). Multipart requests: images as file
+parts (or base64 text fields), text as fields (or UTF-8 file parts), tensors as ``.npy`` files.
+Images are never read from server paths. The response is exactly ``usg run --json``'s object
+plus ``request_id``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message
+
+from usg.errors import InputError
+from usg.graph import Graph
+from usg.serve.limits import read_body
+from usg.specs import Modality
+
+if TYPE_CHECKING:
+    from usg.serve.app import ServeContext
+
+__all__ = ["b64_image", "parse_json_inputs", "routes"]
+
+_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def b64_image(name: str, text: str) -> bytes:
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
+    try:
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(
+            f"{name}: image is not valid base64 ({exc})",
+            field=name,
+            fix="send the encoded image (PNG/JPEG) base64-encoded, or upload it as a multipart file",
+        ) from None
+
+
+def _tensor(graph: Graph, name: str, value: Any) -> np.ndarray[Any, Any]:
+    spec = graph.inputs[name].spec
+    dtype = spec.dtype if spec is not None and spec.dtype not in (None, "str") else None
+    shape = None
+    if isinstance(value, dict):
+        shape = value.get("shape")
+        value = value.get("data")
+    try:
+        arr = np.asarray(value, dtype=dtype)
+        if shape is not None:
+            arr = arr.reshape(shape)
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"{name}: cannot make a {dtype or 'numeric'} tensor of the value ({exc})",
+            field=name,
+            fix='send a nested list of numbers, or {"data": [...], "shape": [...]}',
+        ) from None
+    return arr
+
+
+def _convert(graph: Graph, name: str, value: Any) -> Any:
+    """A JSON/form value of input ``name`` → what the executor takes (bytes for images, never a path)."""
+    d = graph.inputs.get(name)
+    if d is None or value is None:
+        return value  # unknown names: normalize_inputs names them and lists the valid ones
+    if d.modality is Modality.IMAGE:
+        if isinstance(value, dict) and isinstance(value.get("b64"), str):
+            return b64_image(name, value["b64"])
+        if isinstance(value, str):
+            return b64_image(name, value)
+        if isinstance(value, bytes):
+            return value
+        raise InputError(
+            f'{name}: an image must be base64 text or {{"b64": "..."}}, got {type(value).__name__}',
+            field=name,
+            fix='send {"b64": "<base64 of the PNG/JPEG file>"}, or upload it as a multipart file',
+        )
+    if d.modality is Modality.TEXT:
+        if isinstance(value, (str, bytes)):
+            return value
+        raise InputError(
+            f"{name}: text must be a string, got {type(value).__name__}", field=name, fix="send a JSON string"
+        )
+    if isinstance(value, bytes):  # a .npy upload
+        try:
+            return np.load(io.BytesIO(value), allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"{name}: uploaded file is not a .npy array ({exc})",
+                field=name,
+                fix="save the tensor with numpy.save and upload that file",
+            ) from None
+    return _tensor(graph, name, value)
+
+
+def parse_json_inputs(graph: Graph, body: bytes) -> dict[str, Any]:
+    """``{"inputs": {...}}`` → executor inputs."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"body is not valid JSON ({exc})",
+            field="body",
+            fix='send {"inputs": {"text": "...", "image": {"b64": "..."}}}',
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
+        got = type(doc.get("inputs")).__name__ if isinstance(doc, dict) else type(doc).__name__
+        raise InputError(
+            f'body must be an object with an "inputs" object (got {got})',
+            field="inputs",
+            fix=f'send {{"inputs": {{NAME: VALUE}}}} with NAME one of {", ".join(sorted(graph.inputs))}',
+        )
+    return {str(k): _convert(graph, str(k), v) for k, v in doc["inputs"].items()}
+
+
+def _replay(body: bytes) -> Any:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict[str, Any]:
+    """Multipart / urlencoded form → executor inputs; the body was already read within limits."""
+    replay = Request(request.scope, _replay(body))
+    raw: dict[str, Any] = {}
+    try:
+        async with replay.form(max_files=64, max_fields=256, max_part_size=max(len(body), 1)) as form:
+            for key, item in form.multi_items():
+                if key in raw:
+                    raise InputError(f"input {key!r} is given more than once", field=key, fix="send each input once")
+                raw[key] = await item.read() if isinstance(item, UploadFile) else item
+    except HTTPException as exc:  # python-multipart could not parse the body
+        raise InputError(
+            f"malformed form body: {exc.detail}",
+            field="body",
+            fix="send multipart/form-data with a boundary (let the HTTP client build it)",
+        ) from None
+    return {k: _convert(graph, k, v) for k, v in raw.items()}
+
+
+async def parse_request(graph: Graph, request: Request, limit: int) -> dict[str, Any]:
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json" and media not in _FORMS:
+        raise InputError(
+            f"content type {media or '(none)'!r} is not supported",
+            field="content-type",
+            fix='send multipart/form-data (image files, text fields) or application/json {"inputs": {...}}',
+        )
+    body = await read_body(request, limit)
+    if media == "application/json":
+        return parse_json_inputs(graph, body)
+    return await parse_form_inputs(graph, request, body)
+
+
+def routes(ctx: ServeContext) -> list[Route]:
+    async def infer(request: Request) -> Response:
+        async def work(rid: str) -> Response:
+            raw = await parse_request(ctx.graph, request, ctx.config.max_body_bytes)
+            result = await ctx.infer(raw, rid)
+            return JSONResponse({**result.to_json_dict(), "request_id": rid})
+
+        return await ctx.guarded(request, "v1_infer", work)
+
+    return [Route("/v1/infer", infer, methods=["POST"])]
