@@ -29,6 +29,9 @@ class Backend(abc.ABC):
 
     #: the backend kind as written in a graph file (``onnxruntime``, ``tokenizer``, ...)
     kind: str = "abstract"
+    #: True for backends so cheap (microseconds per item) that a worker-thread hop costs more
+    #: than the call: the runner calls them on the event loop
+    inline: bool = False
 
     def __init__(self) -> None:
         self.state = BackendState.NEW

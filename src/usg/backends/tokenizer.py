@@ -29,6 +29,7 @@ class TokenizerBackend(Backend):
     """
 
     kind = "tokenizer"
+    inline = True  # a Rust tokenizer on one short text takes microseconds
 
     def __init__(self, path: Path, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
         super().__init__()

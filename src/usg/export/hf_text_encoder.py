@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ def export_hf_text_encoder(model_dir: Path, output: Path, *, opset: int = 17) ->
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch, transformers = _import_torch()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     encoder = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="eager")
     encoder.eval()
 
@@ -67,7 +70,10 @@ def export_hf_text_encoder(model_dir: Path, output: Path, *, opset: int = 17) ->
     fd, tmp_name = tempfile.mkstemp(suffix=".onnx", dir=output.parent)
     os.close(fd)
     try:
-        with torch.no_grad():
+        # the tracer's warnings are about code paths this export does not take (checked by the
+        # parity tests against sentence-transformers); keep the user's terminal clean
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             torch.onnx.export(
                 wrapped,
                 (ids, mask, types),

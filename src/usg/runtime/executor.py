@@ -91,6 +91,7 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock = threading.Lock()
         self._inflight = 0
+        self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -172,7 +173,11 @@ class Executor:
 
     # -- requests ----------------------------------------------------------------------------
     def plan(self, present: set[str]) -> tuple[list[str], list[str]]:
-        return plan_request(self.graph, present)
+        key = frozenset(present)
+        cached = self._plans.get(key)
+        if cached is None:
+            cached = self._plans[key] = plan_request(self.graph, present)
+        return cached
 
     async def infer(
         self, inputs: Mapping[str, Any], *, timeout_s: float | None = None, request_id: str | None = None

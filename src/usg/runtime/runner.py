@@ -66,8 +66,11 @@ class DirectRunner:
         t0 = time.perf_counter()
         async with self._sem:
             t1 = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, item)
+            if self.backend.inline:
+                out = call_backend(self.backend, self.model, item)
+            else:
+                loop = asyncio.get_running_loop()
+                out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, item)
         if timing is not None:
             timing.queue_ms = (t1 - t0) * 1e3
             timing.compute_ms = (time.perf_counter() - t1) * 1e3

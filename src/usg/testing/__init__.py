@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from usg.backends.base import Backend
+from usg.backends.python_fn import PythonBackend
 from usg.specs import TensorSpec
 
 __all__ = ["FakeBackend"]
 
 
-class FakeBackend(Backend):
+class FakeBackend(PythonBackend):
     """A backend whose batches are computed by ``handler(inputs) -> outputs``.
 
     Records every batch it receives in ``calls`` (a list of input dicts), so tests can
@@ -26,19 +26,9 @@ class FakeBackend(Backend):
         input_specs: Mapping[str, TensorSpec] | None = None,
         output_specs: Mapping[str, TensorSpec] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(handler, input_specs, output_specs)
         self.handler = handler
-        self._in = dict(input_specs or {})
-        self._out = dict(output_specs or {})
         self.calls: list[dict[str, Any]] = []
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self._in
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self._out
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(dict(inputs))
