@@ -87,7 +87,13 @@ def det_preprocess(image: np.ndarray, *, limit_side_len: int = 736) -> dict[str,
         img = utils.add_round_letterbox(img, (top, top, 0, 0))
     ops.append(("padding", {"top": top, "left": 0}))
     pre, _ = _det_helpers(limit_side_len, 0.3, 0.5, 1.6)
-    x = pre(img)
+    resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
+    # (x / 255 - 0.5) / 0.5 in float32 (RapidOCR computes it in float64 and casts: same values to ~1e-7,
+    # at a third of the cost on a 1536x736 page)
+    x = resized.astype(np.float32)
+    x *= np.float32(2.0 / 255.0)
+    x -= np.float32(1.0)
+    x = np.ascontiguousarray(x.transpose(2, 0, 1)[None])
     meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
     return {"x": x, "meta": meta}
 
