@@ -191,3 +191,22 @@ def test_async_api_runs_requests_concurrently():
         return [r.outputs["upper"] for r in results]
 
     assert asyncio.run(main()) == [f"T{i}" for i in range(20)]
+
+
+def test_fan_out_items_spread_across_batches_and_come_back_in_order():
+    from usg.graph import BatchPolicy
+
+    g = (
+        GraphBuilder("fan")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:identity"}, batch=BatchPolicy(max_size=3, max_delay_ms=20))
+        .node("split", fn="testops:split_rows", inputs={"x": "inputs.x"}, options={"parts": 7})
+        .node("dbl", model="m", map=True, inputs={"x": "split.items"})
+        .output("doubled", "dbl.y")
+        .build()
+    )
+    fake = doubler()
+    with Executor(g, backends={"m": fake}) as ex:
+        r = ex.infer_sync({"x": np.array([[1.0]], np.float32)})
+    assert [float(a[0, 0]) for a in r.outputs["doubled"]] == [2.0 * (i + 1) for i in range(7)]
+    assert sorted(c["x"].shape[0] for c in fake.calls) == [1, 3, 3]
