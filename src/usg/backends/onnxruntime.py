@@ -86,7 +86,8 @@ class OnnxRuntimeBackend(Backend):
 
     Options: ``intra_op_threads`` (int), ``inter_op_threads`` (int), ``providers``
     (list; default: TensorRT, CUDA, CPU — whichever this onnxruntime build has),
-    ``optimization`` (``all`` | ``extended`` | ``basic`` | ``disable``).
+    ``optimization`` (``all`` | ``extended`` | ``basic`` | ``disable``), ``spin`` (let intra-op
+    threads busy-wait; default off, since pipeline models share the cores).
     """
 
     kind = "onnxruntime"
@@ -137,6 +138,10 @@ class OnnxRuntimeBackend(Backend):
         }
         so.graph_optimization_level = levels[str(self.options.get("optimization", "all"))]
         so.log_severity_level = 3
+        # ORT's intra-op threads busy-wait between ops by default: good for one model alone, but in a
+        # pipeline several sessions share the cores and spinning threads steal them from each other
+        if not self.options.get("spin", False):
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         available = ort.get_available_providers()
         wanted = self.options.get("providers") or list(_PREFERRED_PROVIDERS)
         providers = [p for p in wanted if p in available] or ["CPUExecutionProvider"]
