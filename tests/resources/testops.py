@@ -51,3 +51,11 @@ def not_a_dict(text: str) -> Any:
 @op(outputs={"hwc": TensorSpec("uint8", ("H", "W", 3), layout="HWC")})
 def raw_image(image: np.ndarray) -> dict[str, Any]:
     return {"hwc": image}
+
+
+def to_rec(x: np.ndarray) -> dict[str, Any]:
+    """NCHW float image in [0,1] → a PP-OCR rec input (48 px high, normalised to [-1,1])."""
+    import cv2
+
+    img = cv2.resize(x[0].transpose(1, 2, 0), (200, 48))
+    return {"x": np.ascontiguousarray(((img - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32))}

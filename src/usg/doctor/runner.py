@@ -44,6 +44,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "usg.doctor.triton_crosscheck",
     "usg.doctor.triton_ensemble",
     "usg.doctor.graph_checks",
+    "usg.doctor.pad_safety",
     "usg.doctor.hf_coupling",
 )
 
