@@ -41,6 +41,9 @@ def test_rec_declared_pad_safe_is_caught_with_the_drift(tmp_path):
 
 
 def test_example_graph_padding_claim_holds():
+    from usg.graph import load_graph
+
+    load_graph(EXAMPLE, export_missing=True)  # MiniLM is exported on first use
     report = run_doctor([EXAMPLE], dry_run=True)
     assert "GRAPH023" not in codes(report)
     assert not [f for f in report.findings if f.severity.value == "error"]

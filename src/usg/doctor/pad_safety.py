@@ -76,7 +76,8 @@ class _Recording:
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if self.first is None:
             self.first = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
-        return self.inner.infer(inputs)  # type: ignore[no-any-return]
+        out: dict[str, Any] = self.inner.infer(inputs)
+        return out
 
 
 @check("graph", codes=[C_PAD])

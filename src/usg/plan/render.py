@@ -149,7 +149,9 @@ def plot_plan(p: Plan, path: str | Path) -> Path:
         ax.axvline(p.max_concurrency, color="green", linestyle="--", label=f"max fit = {p.max_concurrency}")
     need = (p.memory.weights + p.memory.activations + p.memory.kv_required) / _GIB
     ax.plot([p.target.concurrency], [need], "o", color="green" if p.fits else "red", label="target")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"concurrent sequences at {p.target.max_model_len} tokens")
     ax.set_ylabel("GiB per GPU")
     ax.set_title(f"{p.model.name} on {p.gpu.name} (TP={p.tensor_parallel_size})")
