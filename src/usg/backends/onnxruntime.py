@@ -38,14 +38,6 @@ _ELEM_TO_DTYPE = {
 }
 
 
-def _dim(d: Any) -> Dim:
-    if isinstance(d, int):
-        return d if d >= 0 else None
-    if isinstance(d, str) and d not in ("", "?"):
-        return d
-    return None
-
-
 @cache
 def _describe_cached(
     path: str, mtime: float
@@ -62,7 +54,7 @@ def _describe_cached(
             dims: list[Dim] = []
             for d in tt.shape.dim:
                 if d.HasField("dim_value"):
-                    dims.append(int(d.dim_value))
+                    dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
                 elif d.HasField("dim_param") and d.dim_param not in ("", "?"):
                     dims.append(d.dim_param)
                 else:
