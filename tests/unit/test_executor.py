@@ -210,3 +210,19 @@ def test_fan_out_items_spread_across_batches_and_come_back_in_order():
         r = ex.infer_sync({"x": np.array([[1.0]], np.float32)})
     assert [float(a[0, 0]) for a in r.outputs["doubled"]] == [2.0 * (i + 1) for i in range(7)]
     assert sorted(c["x"].shape[0] for c in fake.calls) == [1, 3, 3]
+
+
+def test_map_over_an_empty_list_gives_empty_lists_downstream():
+    g = (
+        GraphBuilder("empty")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .node("split", fn="testops:split_rows", inputs={"x": "inputs.x"}, options={"parts": 0})
+        .node("each", fn="testops:identity", map=True, inputs={"x": "split.items"})
+        .node("again", fn="testops:identity", map=True, inputs={"x": "each.y"})
+        .output("ys", "again.y")
+        .build()
+    )
+    with Executor(g) as ex:
+        r = ex.infer_sync({"x": np.ones((1, 2), np.float32)})
+    assert r.outputs == {"ys": []}
+    assert r.pruned_nodes == []

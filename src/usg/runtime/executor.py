@@ -43,6 +43,16 @@ class ExecutorState(enum.StrEnum):
     CLOSED = "closed"
 
 
+class _EmptyFanOut(dict[str, Any]):
+    """Outputs of a map node that ran over an empty list: every port is an empty list."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> list[Any]:
+        return []
+
+
 def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]:
     """Nodes that run for a set of present graph inputs, and nodes pruned (in graph order)."""
     active: list[str] = []
@@ -300,7 +310,7 @@ class Executor:
                     result_outputs[oname] = values[ref.port]
                 continue
             up = outputs.get(ref.source)
-            if up is not None and up.get(ref.port) is not None:
+            if up is not None and ref.port in up and up[ref.port] is not None:
                 result_outputs[oname] = up[ref.port]
         all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
         return InferResult(result_outputs, all_pruned, node_ms, rid)
@@ -331,8 +341,9 @@ class Executor:
 
         def call_all() -> dict[str, Any]:
             results = [call(a) for a in per_item]
-            keys = results[0].keys() if results else []
-            return {k: [r[k] for r in results] for k in keys}
+            if not results:
+                return _EmptyFanOut()
+            return {k: [r[k] for r in results] for k in results[0]}
 
         return await loop.run_in_executor(self._pool, call_all), len(per_item)
 
