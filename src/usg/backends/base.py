@@ -33,6 +33,10 @@ class Backend(abc.ABC):
     #: than the call: the runner calls them on the event loop
     inline: bool = False
 
+    def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether this call is cheap enough to run on the event loop (see :attr:`inline`)."""
+        return self.inline
+
     def __init__(self) -> None:
         self.state = BackendState.NEW
 

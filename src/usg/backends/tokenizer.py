@@ -31,6 +31,11 @@ class TokenizerBackend(Backend):
     kind = "tokenizer"
     inline = True  # a Rust tokenizer on one short text takes microseconds
 
+    def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
+        # long documents take milliseconds: those go to a worker thread, off the event loop
+        texts = inputs.get("text", ())
+        return sum(len(t) for t in texts if isinstance(t, str)) <= 20_000
+
     def __init__(self, path: Path, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
         super().__init__()
         self.path = Path(path)

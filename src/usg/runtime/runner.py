@@ -66,7 +66,7 @@ class DirectRunner:
         t0 = time.perf_counter()
         async with self._sem:
             t1 = time.perf_counter()
-            if self.backend.inline:
+            if self.backend.runs_inline(item):
                 out = call_backend(self.backend, self.model, item)
             else:
                 loop = asyncio.get_running_loop()
