@@ -161,8 +161,7 @@ class MissingDependency(USGError):
         self.module = module
         self.extra = extra
         super().__init__(
-            f"{purpose} needs the Python package {module!r}, which is not installed; "
-            f"fix: pip install 'usg[{extra}]'"
+            f"{purpose} needs the Python package {module!r}, which is not installed; fix: pip install 'usg[{extra}]'"
         )
 
 

@@ -164,9 +164,7 @@ class TensorSpec:
         if check_range and self.range is not None and arr.size and arr.dtype.kind in "biuf":
             lo, hi = float(arr.min()), float(arr.max())
             if lo < self.range[0] or hi > self.range[1]:
-                out.append(
-                    f"values in [{lo:g},{hi:g}], expected within [{self.range[0]:g},{self.range[1]:g}]"
-                )
+                out.append(f"values in [{lo:g},{hi:g}], expected within [{self.range[0]:g},{self.range[1]:g}]")
         return out
 
     # -- build time -----------------------------------------------------------------------

@@ -144,9 +144,7 @@ def test_minilm_clean_parity() -> None:
 
 
 def test_cli_file_path_factory_json_exit_1() -> None:
-    res = CliRunner().invoke(
-        parity, ["--torch", f"{MODELS}:frozen_batch", "--exporter", "legacy", "--format", "json"]
-    )
+    res = CliRunner().invoke(parity, ["--torch", f"{MODELS}:frozen_batch", "--exporter", "legacy", "--format", "json"])
     assert res.exit_code == 1, res.output
     data = json.loads(res.output)["findings"]
     assert [d["code"] for d in data] == ["PAR001", "PAR000"]

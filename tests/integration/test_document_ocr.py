@@ -53,10 +53,7 @@ def squash(text: str) -> str:
 def executor():
     graph = load_graph(
         os.fspath(
-            pytest.importorskip("pathlib").Path(__file__).parents[2]
-            / "examples"
-            / "document_ocr"
-            / "graph.yaml"
+            pytest.importorskip("pathlib").Path(__file__).parents[2] / "examples" / "document_ocr" / "graph.yaml"
         ),
         export_missing=True,
     )

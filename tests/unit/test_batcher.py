@@ -51,7 +51,9 @@ def test_pad_safe_model_pads_to_multiple_and_results_are_unchanged():
     items = [{"x": np.arange(1, w + 1, dtype=np.float32)[None]} for w in (3, 9, 5)]
     events = []
     outs = asyncio.run(
-        run_items(BatchPolicy(max_size=8, max_delay_ms=30, pad=pad, max_pad_waste=1.0), items, fake, listeners=[events.append])
+        run_items(
+            BatchPolicy(max_size=8, max_delay_ms=30, pad=pad, max_pad_waste=1.0), items, fake, listeners=[events.append]
+        )
     )
     assert [float(o["s"][0, 0]) for o in outs] == [6.0, 45.0, 15.0]
     assert [c["x"].shape for c in fake.calls] == [(3, 16)]

@@ -71,9 +71,7 @@ def test_siglip_tower_with_default_strategy_729_vs_728(tmp_path: Path) -> None:
         vision_config__image_size=378,
         vision_config__hidden_size=1152,
     )
-    _edit(
-        d / "preprocessor_config.json", crop_size={"height": 378, "width": 378}, size={"shortest_edge": 378}
-    )
+    _edit(d / "preprocessor_config.json", crop_size={"height": 378, "width": 378}, size={"shortest_edge": 378})
     errs = _errors(d)
     hf001 = [f for f in errs if f.code == "HF001"]
     assert len(hf001) == 1

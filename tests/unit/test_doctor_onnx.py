@@ -76,9 +76,7 @@ def test_unparsable_file(tmp_path: Path) -> None:
     assert f.severity is Severity.ERROR and f.evidence["size_bytes"] == p.stat().st_size
 
 
-def test_model_over_protobuf_limit_without_external_data(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_model_over_protobuf_limit_without_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from usg.doctor import onnx_checks
 
     p = save(tmp_path, relu_model(["N", 3]))
@@ -194,9 +192,7 @@ def test_static_output_from_dynamic_input(tmp_path: Path) -> None:
 def _resize_model(**attrs: Any) -> onnx.ModelProto:
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", **attrs)
-    return model(
-        [node], [vi("x", T.FLOAT, ["N", 3, 8, 8])], [vi("y", T.FLOAT, ["N", 3, 16, 16])], inits=[scales]
-    )
+    return model([node], [vi("x", T.FLOAT, ["N", 3, 8, 8])], [vi("y", T.FLOAT, ["N", 3, 16, 16])], inits=[scales])
 
 
 def test_resize_linear_asymmetric_drifts(tmp_path: Path) -> None:

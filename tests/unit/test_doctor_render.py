@@ -118,8 +118,7 @@ def test_sarif_validates_against_the_official_schema() -> None:
     assert {r["ruleId"] for r in run["results"]} == {"TRITON023", "ONNX011", "LOG004", "PARITY001"}
     assert run["results"][1]["level"] == "warning"
     assert any(
-        r["root_cause"] == "batch_dim_config" and r["count"] == 2
-        for r in run["properties"]["root_cause_matrix"]
+        r["root_cause"] == "batch_dim_config" and r["count"] == 2 for r in run["properties"]["root_cause_matrix"]
     )
 
 
@@ -145,9 +144,7 @@ def test_sarif_of_a_real_run_validates(tmp_path: Path) -> None:
 
     bad = tmp_path / "repo" / "m"
     (bad / "1").mkdir(parents=True)
-    (bad / "config.pbtxt").write_text(
-        'name: "m"\nbackend: "python"\ninput [ { name: "a" data_type: TYPE_FP32 '
-    )
+    (bad / "config.pbtxt").write_text('name: "m"\nbackend: "python"\ninput [ { name: "a" data_type: TYPE_FP32 ')
     (bad / "1" / "model.py").write_text("")
     ok = tmp_path / "repo" / "n"
     (ok / "1").mkdir(parents=True)
@@ -172,6 +169,4 @@ def test_public_api_is_curated_and_sorted() -> None:
     assert usg.doctor.__all__ == sorted(usg.doctor.__all__)
     for name in usg.doctor.__all__:
         assert getattr(usg.doctor, name) is not None
-    assert {"Finding", "Severity", "RootCause", "Stage", "Location", "run_doctor", "render"} <= set(
-        usg.doctor.__all__
-    )
+    assert {"Finding", "Severity", "RootCause", "Stage", "Location", "run_doctor", "render"} <= set(usg.doctor.__all__)

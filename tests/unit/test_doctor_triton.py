@@ -122,9 +122,7 @@ def test_reshape_element_count(tmp_path: Path) -> None:
 
 
 def test_negative_max_batch_size(tmp_path: Path) -> None:
-    f = only(
-        triton_findings(det(tmp_path, GOOD.replace("max_batch_size: 8", "max_batch_size: -2"))), "TRITON005"
-    )
+    f = only(triton_findings(det(tmp_path, GOOD.replace("max_batch_size: 8", "max_batch_size: -2"))), "TRITON005")
     assert f.evidence["max_batch_size"] == -2
 
 
@@ -187,9 +185,7 @@ def test_custom_backend_is_a_warning(tmp_path: Path) -> None:
 
 
 def test_missing_data_type_and_duplicate_names(tmp_path: Path) -> None:
-    cfg = GOOD.replace(
-        'output [\n  {\n    name: "y"\n    data_type: TYPE_FP32', 'output [\n  {\n    name: "y"'
-    )
+    cfg = GOOD.replace('output [\n  {\n    name: "y"\n    data_type: TYPE_FP32', 'output [\n  {\n    name: "y"')
     cfg = cfg.replace("input [\n", 'input [\n  { name: "x" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] },\n')
     fs = triton_findings(det(tmp_path, cfg))
     assert only(fs, "TRITON012").evidence == {"tensor": "y"}

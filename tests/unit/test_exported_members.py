@@ -17,6 +17,8 @@ def test_all_is_sorted_and_complete():
 
 
 def test_import_usg_does_not_pull_heavy_runtimes():
-    code = "import sys, usg; print(' '.join(m for m in ('onnxruntime', 'torch', 'starlette', 'ray') if m in sys.modules))"
+    code = (
+        "import sys, usg; print(' '.join(m for m in ('onnxruntime', 'torch', 'starlette', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""

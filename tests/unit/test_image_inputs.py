@@ -36,9 +36,7 @@ def test_zero_byte_and_corrupt_bytes(tmp_path):
     p.write_bytes(b"")
     with pytest.raises(InputError, match=r"is empty \(0 bytes\)"):
         decode_image(p)
-    with pytest.raises(
-        InputError, match=r"is not a decodable image \(first bytes 6e6f7420616e2069\).*fix: send a PNG"
-    ):
+    with pytest.raises(InputError, match=r"is not a decodable image \(first bytes 6e6f7420616e2069\).*fix: send a PNG"):
         decode_image(b"not an image at all")
     truncated = png_bytes(50, 50)[:60]
     with pytest.raises(InputError, match="truncated or corrupt|not a decodable image"):
@@ -55,9 +53,7 @@ def test_empty_array_and_wrong_dtype():
 def test_pixel_limit_is_checked_from_the_header_before_decoding():
     big = png_bytes(6000, 6000)  # 36 MP of white compresses to a few KB
     t0 = time.perf_counter()
-    with pytest.raises(
-        PayloadTooLarge, match=r"image is 6000x6000 = 36000000 pixels, above the limit of 1000000"
-    ):
+    with pytest.raises(PayloadTooLarge, match=r"image is 6000x6000 = 36000000 pixels, above the limit of 1000000"):
         decode_image(big, max_pixels=1_000_000)
     # decoding 36 MP would take far longer than reading a header; generous bound, not a benchmark
     assert time.perf_counter() - t0 < 1.0

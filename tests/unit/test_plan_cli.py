@@ -24,10 +24,7 @@ def test_table_output_for_llama3_on_l4() -> None:
     assert r.exit_code == 0, r.output
     assert "DOES NOT FIT" in r.output
     assert "KV per token" in r.output and "128.00 KiB" in r.output
-    assert (
-        "vllm serve llama-3-8b --gpu-memory-utilization 0.90 --max-model-len 8192 --max-num-seqs 5"
-        in r.output
-    )
+    assert "vllm serve llama-3-8b --gpu-memory-utilization 0.90 --max-model-len 8192 --max-num-seqs 5" in r.output
     assert "max_batch_size=5" in r.output
     assert "--tensor-parallel-size: 1 → 2" in r.output
 
@@ -101,9 +98,7 @@ def reraise(result: Result) -> None:
         (["--gpu", "L4", "--dtype", "int3"], "--dtype 'int3' is not a known dtype"),
     ],
 )
-def test_entry_point_exits_2_with_a_message(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_entry_point_exits_2_with_a_message(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["plan", LLAMA3, *args])
     assert exc.value.code == 2
@@ -125,9 +120,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--plot", str(tmp_path / "p.png"))
-    with pytest.raises(
-        MissingDependency, match=r"usg plan --plot needs .*'matplotlib'.*pip install 'usg\[report\]'"
-    ):
+    with pytest.raises(MissingDependency, match=r"usg plan --plot needs .*'matplotlib'.*pip install 'usg\[report\]'"):
         reraise(r)
 
 

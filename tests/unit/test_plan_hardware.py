@@ -48,9 +48,7 @@ def test_spec_with_count() -> None:
 
 
 def test_unknown_gpu_suggests_and_lists() -> None:
-    with pytest.raises(
-        UsageError, match=r"--gpu 'H1000' is not a known GPU; did you mean .*fix: use one of A10G"
-    ):
+    with pytest.raises(UsageError, match=r"--gpu 'H1000' is not a known GPU; did you mean .*fix: use one of A10G"):
         get_gpu("H1000")
     with pytest.raises(UsageError, match=r"'A100' is ambiguous; fix: say A100-40GB or A100-80GB"):
         get_gpu("A100")
@@ -65,9 +63,7 @@ def test_custom_profiles_yaml_and_json(tmp_path: Path) -> None:
     assert profiles["MI300X"].memory_bytes == 192 * GIB
     assert parse_gpu_spec("mi300x", profiles)[0].bandwidth == 5.3e12
     j = tmp_path / "one.json"
-    j.write_text(
-        json.dumps({"name": "X1", "memory_bytes": 10 * GIB, "bandwidth_gbps": 100, "bf16_tflops": 50})
-    )
+    j.write_text(json.dumps({"name": "X1", "memory_bytes": 10 * GIB, "bandwidth_gbps": 100, "bf16_tflops": 50}))
     gpu, n = parse_gpu_spec(f"{j}x4")
     assert (gpu.name, gpu.memory_bytes, n) == ("X1", 10 * GIB, 4)
 

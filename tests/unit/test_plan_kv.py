@@ -66,9 +66,7 @@ def test_vllm_block_formula() -> None:
 
 def test_bad_kv_arguments() -> None:
     m = model("llama-3-8b")
-    with pytest.raises(
-        UsageError, match=r"--kv-cache-dtype 'int2' is not supported; fix: use auto or one of"
-    ):
+    with pytest.raises(UsageError, match=r"--kv-cache-dtype 'int2' is not supported; fix: use auto or one of"):
         kv_cache(m, "int2")
     with pytest.raises(UsageError, match=r"--block-size 0 must be >= 1"):
         kv_cache(m, "bf16", block_size=0)

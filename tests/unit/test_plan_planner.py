@@ -28,9 +28,7 @@ def test_llama3_on_l4_16x8192_does_not_fit_and_says_why() -> None:
     assert p.memory.kv_required == 16 * GIB  # 16 sequences × 8192 tokens × 128 KiB
     assert p.memory.budget == math.floor(l4.memory_bytes * 0.9)
     # vLLM: floor((total × util − weights − activations) / (block × 2 × layers × kv_heads × head_dim × bytes))
-    expected_blocks = (p.memory.budget - p.memory.weights - p.memory.activations) // (
-        16 * 2 * 32 * 8 * 128 * 2
-    )
+    expected_blocks = (p.memory.budget - p.memory.weights - p.memory.activations) // (16 * 2 * 32 * 8 * 128 * 2)
     assert p.kv_blocks == expected_blocks
     assert p.max_concurrency == (p.memory.kv_available // GIB) == 5
     assert p.min_tensor_parallel == 2
@@ -98,9 +96,7 @@ def test_decode_bound_is_bytes_over_bandwidth() -> None:
     assert p.throughput.decode_bytes_per_step == step_bytes
     assert p.throughput.decode_tokens_per_s == pytest.approx(gpu.bandwidth / step_bytes)
     assert 200 < p.throughput.decode_tokens_per_s < 250  # ~14.5 GB per step at 3.35 TB/s
-    assert p.throughput.prefill_tokens_per_s == pytest.approx(
-        gpu.bf16_flops / p.throughput.prefill_flops_per_token
-    )
+    assert p.throughput.prefill_tokens_per_s == pytest.approx(gpu.bf16_flops / p.throughput.prefill_flops_per_token)
 
 
 def test_moe_decode_reads_only_routed_experts_at_batch_one() -> None:

@@ -39,9 +39,7 @@ _ELEM_TO_DTYPE = {
 
 
 @cache
-def _describe_cached(
-    path: str, mtime: float
-) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec], dict[str, str]]:
+def _describe_cached(path: str, mtime: float) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec], dict[str, str]]:
     import onnx
 
     model = onnx.load(path, load_external_data=False)

@@ -27,4 +27,11 @@ def load_graph_for_cli(path: str | Path) -> Graph:
     if missing and not problems:
         with err_console.status(f"exporting {', '.join(m.name for m in missing)} to ONNX (once; cached)"):
             export_missing_models(missing, log=lambda msg: err_console.print(f"[dim]{msg}[/]"))
-    return load_graph(p)
+    graph = load_graph(p)
+    from usg.bench.tune import apply_sidecar, sidecar_path
+
+    tuned = sidecar_path(p)
+    if tuned.is_file():
+        err_console.print(f"[dim]using tuned batch sizes and threads from {tuned} (delete it to undo)[/]")
+        graph = apply_sidecar(graph, tuned)
+    return graph

@@ -48,8 +48,7 @@ class _DoctorCommand(click.Command):
             if exc.name != module_name:
                 raise
             click.echo(
-                f"error: `usg doctor {name}` is not available in this build "
-                f"(module {module_name} is not installed)",
+                f"error: `usg doctor {name}` is not available in this build (module {module_name} is not installed)",
                 err=True,
             )
             ctx.exit(2)

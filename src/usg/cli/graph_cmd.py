@@ -35,9 +35,7 @@ def show(graph_path: str, modalities: str | None) -> None:
     for col in ("name", "modality", "spec", "optional"):
         inputs.add_column(col)
     for d in g.inputs.values():
-        inputs.add_row(
-            d.name, d.modality.value, d.spec.describe() if d.spec else "-", "yes" if d.optional else "no"
-        )
+        inputs.add_row(d.name, d.modality.value, d.spec.describe() if d.spec else "-", "yes" if d.optional else "no")
     out_console.print(inputs)
     models = Table(title="models")
     for col in ("name", "backend", "inputs", "outputs", "batch"):
@@ -47,9 +45,7 @@ def show(graph_path: str, modalities: str | None) -> None:
         ins = "\n".join(f"{k}: {v.describe()}" for k, v in io[0].items()) if io else "?"
         outs = "\n".join(f"{k}: {v.describe()}" for k, v in io[1].items()) if io else "?"
         b = m.batch
-        batch = (
-            f"max {b.max_size}, {b.max_delay_ms:g} ms" + (", pad" if b.pad else "") if b.enabled else "off"
-        )
+        batch = f"max {b.max_size}, {b.max_delay_ms:g} ms" + (", pad" if b.pad else "") if b.enabled else "off"
         models.add_row(m.name, m.backend, ins, outs, batch)
     out_console.print(models)
     tree = Tree("[bold]nodes[/] (topological order)")
@@ -76,9 +72,7 @@ def show(graph_path: str, modalities: str | None) -> None:
         out_console.print(f"[bold]with {', '.join(sorted(present)) or 'no inputs'}[/]:")
         out_console.print(f"  runs:   {', '.join(runs) or '(nothing)'}")
         out_console.print(f"  pruned: {', '.join(pruned) or '(nothing)'}")
-        produced = [
-            o for o, r in g.outputs.items() if (r.source in runs) or (r.is_graph_input and r.port in present)
-        ]
+        produced = [o for o, r in g.outputs.items() if (r.source in runs) or (r.is_graph_input and r.port in present)]
         out_console.print(f"  outputs present: {', '.join(produced) or '(none)'}")
         if missing_required:
             out_console.print(f"  [red]required inputs missing: {', '.join(missing_required)}[/]")

@@ -25,18 +25,14 @@ def _image_size(text: str | None) -> tuple[int, int] | None:
 
 @click.command("plan")
 @click.argument("config", metavar="CONFIG")
-@click.option(
-    "--gpu", "gpu_spec", metavar="NAME[xN]", help="GPU profile and count, e.g. L4, H100x8, gpus.yaml."
-)
+@click.option("--gpu", "gpu_spec", metavar="NAME[xN]", help="GPU profile and count, e.g. L4, H100x8, gpus.yaml.")
 @click.option("--gpu-file", metavar="FILE", help="YAML/JSON with custom GPU profiles (name, memory_gb, ...).")
 @click.option("--max-model-len", type=int, help="Longest prompt + output in tokens [model maximum].")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Sequences running at once.")
 @click.option("--images-per-prompt", type=int, help="Images per prompt (VLMs) [1 for VLMs, else 0].")
 @click.option("--image-size", metavar="WxH", help="Image size to plan for [the processor's worst case].")
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
-@click.option(
-    "--dtype", default="auto", show_default=True, help="Weights: auto, fp32, bf16, fp16, fp8, int8, int4."
-)
+@click.option("--dtype", default="auto", show_default=True, help="Weights: auto, fp32, bf16, fp16, fp8, int8, int4.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache: auto, bf16, fp16, fp8.")
 @click.option("--max-num-batched-tokens", type=int, help="Tokens per engine step [vLLM default].")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens.")

@@ -80,9 +80,7 @@ def _render(result: InferResult) -> None:
         elif isinstance(value, np.ndarray):
             head = ", ".join(f"{v:.4f}" for v in value.reshape(-1)[:6])
             norm = float(np.linalg.norm(value.reshape(value.shape[0], -1), axis=1)[0]) if value.size else 0.0
-            out_console.print(
-                f"[bold]{name}[/]: {value.dtype}{list(value.shape)}  [{head}, …]  ‖row0‖={norm:.4f}"
-            )
+            out_console.print(f"[bold]{name}[/]: {value.dtype}{list(value.shape)}  [{head}, …]  ‖row0‖={norm:.4f}")
         else:
             out_console.print(f"[bold]{name}[/]: {value!r}")
     if result.pruned_nodes:

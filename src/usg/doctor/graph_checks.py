@@ -115,9 +115,7 @@ _KINDS: list[tuple[CodeInfo, re.Pattern[str]]] = [
     (C_IMPORT, re.compile(r"unknown backend|cannot import|not importable|no attribute|No module named")),
     (
         C_REF,
-        re.compile(
-            r"unknown (graph input|node|model)|has no (output|input)|is not wired|not one of its inputs"
-        ),
+        re.compile(r"unknown (graph input|node|model)|has no (output|input)|is not wired|not one of its inputs"),
     ),
     (C_SHAPE, re.compile(r"is a list, but|map over|\brank\b|\bdim \d|shape")),
     (C_DTYPE, re.compile(r"\bdtype\b|\brange\b|\blayout\b")),
@@ -216,12 +214,7 @@ def check_graph_models(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         return
     for model in built.graph.models.values():
         p = model.path
-        if (
-            model.backend == "onnxruntime"
-            and p is not None
-            and Path(p).suffix == ".onnx"
-            and Path(p).is_file()
-        ):
+        if model.backend == "onnxruntime" and p is not None and Path(p).suffix == ".onnx" and Path(p).is_file():
             yield from check_target(Target("onnx", Path(p)), ctx)
 
 
@@ -269,10 +262,7 @@ def check_graph_dry_run(path: Path, ctx: CheckContext) -> Iterator[Finding]:
     from usg.runtime import Executor
 
     inputs = sample_inputs(built.graph)
-    shapes = {
-        k: (list(v.shape), str(v.dtype)) if hasattr(v, "shape") else type(v).__name__
-        for k, v in inputs.items()
-    }
+    shapes = {k: (list(v.shape), str(v.dtype)) if hasattr(v, "shape") else type(v).__name__ for k, v in inputs.items()}
     try:
         with Executor(built.graph, timeout_s=120.0) as ex:
             result = ex.infer_sync(inputs)

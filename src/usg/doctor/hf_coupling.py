@@ -25,9 +25,7 @@ from usg.doctor.registry import CodeInfo, check
 __all__ = ["HF_CODES", "check_vlm_coupling"]
 
 HF_CODES = (
-    CodeInfo(
-        "HF000", Severity.INFO, RootCause.VERSION_COUPLING, "vision token arithmetic", "per-image numbers"
-    ),
+    CodeInfo("HF000", Severity.INFO, RootCause.VERSION_COUPLING, "vision token arithmetic", "per-image numbers"),
     CodeInfo(
         "HF001",
         Severity.ERROR,
@@ -99,12 +97,8 @@ class _Ctx:
     tok: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
 
-    def add(
-        self, code: str, sev: Severity, cause: RootCause, msg: str, file: str, fix: str, **ev: Any
-    ) -> None:
-        self.findings.append(
-            Finding(code, sev, cause, msg, Location(str(self.root / file)), fix, ev, Stage.STATIC)
-        )
+    def add(self, code: str, sev: Severity, cause: RootCause, msg: str, file: str, fix: str, **ev: Any) -> None:
+        self.findings.append(Finding(code, sev, cause, msg, Location(str(self.root / file)), fix, ev, Stage.STATIC))
 
     def vision(self) -> dict[str, Any]:
         vc = dict(self.config.get("vision_config") or {})
@@ -193,9 +187,7 @@ def _check_token_id(c: _Ctx) -> None:
     entry = added.get(str(tid))
     content = entry.get("content") if isinstance(entry, dict) else None
     if content is None or (expected and content != expected):
-        where = [
-            k for k, v in added.items() if isinstance(v, dict) and expected and v.get("content") == expected
-        ]
+        where = [k for k, v in added.items() if isinstance(v, dict) and expected and v.get("content") == expected]
         c.add(
             "HF004",
             Severity.ERROR,
@@ -203,9 +195,7 @@ def _check_token_id(c: _Ctx) -> None:
             f"config.json says the image token id is {tid}, but the tokenizer maps {tid} to {content!r}"
             + (f" and {expected!r} to {where[0]}" if where else ""),
             "tokenizer_config.json",
-            f"set image_token_index={where[0]} in config.json"
-            if where
-            else "add the image token to the tokenizer",
+            f"set image_token_index={where[0]} in config.json" if where else "add the image token to the tokenizer",
             image_token_id=tid,
             tokenizer_token=content,
             expected_token=expected,
@@ -215,8 +205,7 @@ def _check_token_id(c: _Ctx) -> None:
 def _check_max_length(c: _Ctx, tokens: int, what: str) -> None:
     limits = {
         "tokenizer model_max_length": c.tok.get("model_max_length"),
-        "max_position_embeddings": c.text().get("max_position_embeddings")
-        or c.config.get("max_position_embeddings"),
+        "max_position_embeddings": c.text().get("max_position_embeddings") or c.config.get("max_position_embeddings"),
     }
     for name, limit in limits.items():
         if isinstance(limit, int | float) and 0 < limit < _HUGE and tokens >= int(limit):
@@ -272,9 +261,7 @@ def _llava(c: _Ctx, next_: bool) -> None:
     layers = c.config.get("vision_feature_layer", -2)
     width = int(v["hidden_size"]) * (len(layers) if isinstance(layers, list) else 1)
     claimed = c.config.get("mm_hidden_size")
-    weight = _projector_weight_shape(
-        c.root, ("multi_modal_projector.linear_1.weight", "mm_projector.0.weight")
-    )
+    weight = _projector_weight_shape(c.root, ("multi_modal_projector.linear_1.weight", "mm_projector.0.weight"))
     for label, val in (
         ("mm_hidden_size", claimed),
         ("projector weight " + (weight[1] if weight else ""), weight[0][1] if weight else None),
@@ -301,8 +288,7 @@ def _llava(c: _Ctx, next_: bool) -> None:
             "HF003",
             Severity.ERROR,
             RootCause.CONFIG_INVALID,
-            f"the projector outputs {out_w[0][0]} ({out_w[1]}) but the language model's hidden_size is "
-            f"{text_hidden}",
+            f"the projector outputs {out_w[0][0]} ({out_w[1]}) but the language model's hidden_size is {text_hidden}",
             "config.json",
             "pair the projector with the language model it was trained for",
             projector_out=out_w[0][0],
@@ -325,11 +311,7 @@ def _llava(c: _Ctx, next_: bool) -> None:
     arith = (
         f"({image}/{patch})² = {(image // patch) ** 2} patches"
         + (" + 1 CLS" if cls else " (no CLS: " + str(v.get("model_type")) + ")")
-        + (
-            " - 1 (strategy 'default' drops the first token)"
-            if strat_m == "default"
-            else " (strategy 'full')"
-        )
+        + (" - 1 (strategy 'default' drops the first token)" if strat_m == "default" else " (strategy 'full')")
         + f" = {feats}"
     )
     if next_:
@@ -393,8 +375,7 @@ def _mismatch(
         )
     elif strat_m != strat_p:
         fix = (
-            f"use the same vision_feature_select_strategy in config.json ({strat_m!r}) "
-            f"and the processor ({strat_p!r})"
+            f"use the same vision_feature_select_strategy in config.json ({strat_m!r}) and the processor ({strat_p!r})"
         )
     elif add_p != (1 if cls else 0):
         has = "CLIP has a" if cls else "this tower has no"
@@ -428,8 +409,7 @@ def _paligemma(c: _Ctx) -> None:
                 "HF001",
                 Severity.ERROR,
                 RootCause.VERSION_COUPLING,
-                f"{name} is {val} but the SigLIP tower yields ({image}/{patch})² = {feats} features per "
-                "image",
+                f"{name} is {val} but the SigLIP tower yields ({image}/{patch})² = {feats} features per image",
                 "preprocessor_config.json" if "processor" in name else "config.json",
                 f"set {name.split()[-1]}={feats} (it must equal (image_size/patch_size)²; SigLIP has no CLS)",
                 image_tokens=int(val),
@@ -441,8 +421,7 @@ def _paligemma(c: _Ctx) -> None:
             "HF003",
             Severity.ERROR,
             RootCause.CONFIG_INVALID,
-            f"the projector outputs {proj} (projection_dim) but the language model's hidden_size is "
-            f"{text_hidden}",
+            f"the projector outputs {proj} (projection_dim) but the language model's hidden_size is {text_hidden}",
             "config.json",
             f"set vision_config.projection_dim={text_hidden}",
             projector_out=proj,

@@ -86,9 +86,7 @@ def anyres_tokens(
     return cur_h * cur_w + cur_h + base_tokens
 
 
-def qwen2_vl_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
+def qwen2_vl_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """transformers' ``smart_resize`` for Qwen2-VL."""
     h = max(factor, round(height / factor) * factor)
     w = max(factor, round(width / factor) * factor)

@@ -68,12 +68,7 @@ def _events(lines: list[str]) -> Iterable[_Event]:
             if j < n:
                 # the final exception line, plus continuation lines of its message
                 k = j + 1
-                while (
-                    k < n
-                    and k - j <= _LOOKAHEAD
-                    and lines[k].strip()
-                    and not _looks_like_new_record(lines[k])
-                ):
+                while k < n and k - j <= _LOOKAHEAD and lines[k].strip() and not _looks_like_new_record(lines[k]):
                     k += 1
                 yield _Event(j + 1, strip(lines[j]), "\n".join(strip(x) for x in lines[j:k]), True)
                 i = k
@@ -90,9 +85,7 @@ def _events(lines: list[str]) -> Iterable[_Event]:
 
 
 def _looks_like_new_record(line: str) -> bool:
-    return bool(
-        re.match(r"^(\d{4}-\d\d-\d\d|\[?\d\d[:/]\d\d|[IWEF]\d{4} |INFO|WARNING|ERROR|DEBUG|\[)", line)
-    )
+    return bool(re.match(r"^(\d{4}-\d\d-\d\d|\[?\d\d[:/]\d\d|[IWEF]\d{4} |INFO|WARNING|ERROR|DEBUG|\[)", line))
 
 
 def _match(rule: LogRule, head: str, window: str) -> re.Match[str] | None:
@@ -135,8 +128,7 @@ def _classify(ev: _Event, source: str) -> Finding | None:
             RootCause.UNCLASSIFIED,
             f"unclassified error: {head.strip()[:300]}",
             Location(source, line=ev.line_no),
-            "no rule knows this message; read the surrounding log lines (and report the message to extend "
-            "the rules)",
+            "no rule knows this message; read the surrounding log lines (and report the message to extend the rules)",
             {"line_text": head.strip()[:400]},
             Stage.LOGS,
         )

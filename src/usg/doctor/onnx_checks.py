@@ -201,8 +201,7 @@ def check_loadable(s: OnnxSubject) -> Iterator[Finding]:
             C_LOAD,
             s,
             f"onnx.load fails: {_short(s.load_error)}",
-            "re-export the model; if it is a few hundred bytes it may be a Git LFS pointer "
-            "(run git lfs pull)",
+            "re-export the model; if it is a few hundred bytes it may be a Git LFS pointer (run git lfs pull)",
             error=_short(s.load_error),
             size_bytes=s.size,
         )
@@ -270,8 +269,7 @@ def check_custom_domains(s: OnnxSubject) -> Iterator[Finding]:
         yield _f(
             C_CUSTOM,
             s,
-            f"op {domain}:{op} ({len(names)} node(s)) has no implementation in the stock "
-            "ONNX Runtime or TensorRT",
+            f"op {domain}:{op} ({len(names)} node(s)) has no implementation in the stock ONNX Runtime or TensorRT",
             f"register the custom-op library (SessionOptions.register_custom_ops_library) that "
             f"implements {domain}:{op}, or re-export without the custom op",
             element=names[0] or op,

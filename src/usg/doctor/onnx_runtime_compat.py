@@ -151,8 +151,7 @@ def check_versions(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
                 yield _f(
                     C_OPSET,
                     s,
-                    f"opset {opset} is newer than ONNX Runtime {_v(ort_target)} supports "
-                    f"(max opset {max_opset})",
+                    f"opset {opset} is newer than ONNX Runtime {_v(ort_target)} supports (max opset {max_opset})",
                     f"re-export with opset_version={max_opset} or convert with "
                     f"onnx.version_converter.convert_version(model, {max_opset})",
                     element="opset_import",
@@ -168,8 +167,7 @@ def check_versions(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
             yield _f(
                 C_OPSET,
                 s,
-                f"opset {opset} is newer than TensorRT {_v(trt_target)}'s ONNX parser "
-                f"imports (max opset {trt[1]})",
+                f"opset {opset} is newer than TensorRT {_v(trt_target)}'s ONNX parser imports (max opset {trt[1]})",
                 f"re-export with opset_version={trt[1]} for TensorRT {_v(trt_target)}",
                 element="opset_import",
                 runtime="tensorrt",

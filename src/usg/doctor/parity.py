@@ -201,8 +201,7 @@ def _dims(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
         if inp.name in init:
             continue
         out[inp.name] = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in inp.type.tensor_type.shape.dim
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in inp.type.tensor_type.shape.dim
         ]
     return out
 
@@ -296,9 +295,7 @@ def _run(
     else:
         rename = {n: n for n in names}
     if dynamic_axes is None and exporter_used == "given (--onnx)":
-        dynamic_axes = {
-            n: {i: str(d) for i, d in enumerate(onnx_dims[rename[n]]) if isinstance(d, str)} for n in names
-        }
+        dynamic_axes = {n: {i: str(d) for i, d in enumerate(onnx_dims[rename[n]]) if isinstance(d, str)} for n in names}
     axes = dynamic_axes or {n: {0: "batch"} for n, v in zip(names, values, strict=True) if v.dim() >= 1}
     loc_file = str(onnx_path) if not temporary else f"{source} (exported, {exporter_used} exporter)"
 
@@ -312,8 +309,7 @@ def _run(
                         "PAR005",
                         Severity.ERROR,
                         RootCause.DYNAMIC_SHAPE_FIXED,
-                        f"input {n!r} axis {a} ({sym}) should be dynamic but the ONNX graph fixes it to "
-                        f"{dims[a]}",
+                        f"input {n!r} axis {a} ({sym}) should be dynamic but the ONNX graph fixes it to {dims[a]}",
                         Location(loc_file, element=f"input {rename.get(n, n)}"),
                         "the exporter specialised this axis (a Python int() or a branch on the size in "
                         "forward); "
@@ -390,9 +386,7 @@ def _run(
     base = cases[0]
     if base.onnx_error is None and base.torch_error is None and not base.passed and not base.mismatch:
         findings.append(
-            _drift_finding(
-                proto, model, as_kwargs, names, feeds_by_label["export"], base, loc_file, atol, rtol
-            )
+            _drift_finding(proto, model, as_kwargs, names, feeds_by_label["export"], base, loc_file, atol, rtol)
         )
     findings.append(_summary(cases, exporter_used, loc_file))
     return ParityReport(onnx_path, exporter_used, cases, findings)
@@ -432,8 +426,7 @@ def _case_findings(
                 RootCause.SHAPE_OR_RANK,
                 f"ONNX Runtime fails on the export inputs themselves: {base.onnx_error or base.mismatch}",
                 Location(loc_file),
-                "the ONNX file does not match this factory's inputs; re-export, or give matching example "
-                "inputs",
+                "the ONNX file does not match this factory's inputs; re-export, or give matching example inputs",
                 {"shapes": base.shapes},
                 Stage.PARITY,
             )
@@ -448,9 +441,7 @@ def _case_findings(
     sym_axis = {sym: a for ax in axes.values() for a, sym in ax.items()}
     nodes = []
     for sym in syms:
-        nodes += frozen_nodes(
-            proto, export_sizes[sym], None, next((c.onnx_error for c in bad if c.onnx_error), None)
-        )
+        nodes += frozen_nodes(proto, export_sizes[sym], None, next((c.onnx_error for c in bad if c.onnx_error), None))
     nodes = list({f.node: f for f in nodes}.values())
     nodes.sort(key=lambda f: not f.why.startswith("constant"))
     where = ", ".join(

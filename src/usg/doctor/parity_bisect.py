@@ -179,9 +179,7 @@ def _boundaries(model: onnx.ModelProto, scopes: Iterable[str]) -> dict[str, list
             if not _in_scope(paths[i], scope):
                 continue
             for v in n.output:
-                if v and (
-                    v in graph_outputs or any(not _in_scope(paths[j], scope) for j in consumers.get(v, []))
-                ):
+                if v and (v in graph_outputs or any(not _in_scope(paths[j], scope) for j in consumers.get(v, []))):
                     vals.append(v)
         if vals:
             out[scope] = vals
@@ -224,11 +222,7 @@ def _scope_nodes(model: onnx.ModelProto, scope: str) -> tuple[list[str], dict[st
             names.append(f"{n.op_type} {n.name}")
             if n.op_type in DRIFT_PRONE_OPS:
                 attrs[n.name] = {
-                    a.name: (
-                        a.s.decode()
-                        if a.type == onnx.AttributeProto.STRING
-                        else helper.get_attribute_value(a)
-                    )
+                    a.name: (a.s.decode() if a.type == onnx.AttributeProto.STRING else helper.get_attribute_value(a))
                     for a in n.attribute
                 }
     return names, attrs
@@ -249,11 +243,7 @@ def first_divergent_module(
 
     def hook(name: str) -> Any:
         def fn(_mod: Any, _inp: Any, out: Any) -> None:
-            tensors = (
-                [out]
-                if isinstance(out, torch.Tensor)
-                else [o for o in _flat(out) if isinstance(o, torch.Tensor)]
-            )
+            tensors = [out] if isinstance(out, torch.Tensor) else [o for o in _flat(out) if isinstance(o, torch.Tensor)]
             captured.append((name, [t.detach().cpu().numpy() for t in tensors]))
 
         return fn
@@ -319,9 +309,7 @@ def _to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in m.graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == f32:
-                attr.t.CopyFrom(
-                    numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float64), attr.t.name)
-                )
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float64), attr.t.name))
             elif attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == f32:
                 attr.i = f64
     return m

@@ -68,9 +68,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise UsageError(
-                f"--torch {spec!r}: file {target!r} does not exist; fix: give an existing .py file"
-            )
+            raise UsageError(f"--torch {spec!r}: file {target!r} does not exist; fix: give an existing .py file")
         mod_name = f"_usg_parity_{abs(hash(str(path.resolve())))}"
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
         if loader_spec is None or loader_spec.loader is None:
@@ -117,9 +115,7 @@ def parse_dynamic_axes(text: str | None) -> DynamicAxes | None:
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, spec = part.partition(":")
         if not sep:
-            raise UsageError(
-                f"--dynamic-axes part {part!r} lacks ':'; fix: write 'input:0=batch,1=seq;other:0=batch'"
-            )
+            raise UsageError(f"--dynamic-axes part {part!r} lacks ':'; fix: write 'input:0=batch,1=seq;other:0=batch'")
         axes: dict[int, str] = {}
         for item in filter(None, (s.strip() for s in spec.split(","))):
             idx, eq, sym = item.partition("=")
@@ -177,9 +173,7 @@ def classify_export_error(exc: BaseException, exporter: str) -> tuple[RootCause,
         ev: dict[str, Any] = {"operator": m["op"], "opset": int(m["opset"])}
         if m["added"]:
             ev["opset_with_support"] = int(m["added"])
-            fix = (
-                f"export with opset_version={m['added']} (or newer): {m['op']} exists from opset {m['added']}"
-            )
+            fix = f"export with opset_version={m['added']} (or newer): {m['op']} exists from opset {m['added']}"
         else:
             fix = (
                 f"{m['op']} has no symbolic in the legacy exporter at any opset; use the dynamo exporter "

@@ -24,9 +24,5 @@ def report_dict(
     }
 
 
-def render_json(
-    findings: Sequence[Finding], *, checked: Sequence[str] = (), elapsed_s: float | None = None
-) -> str:
-    return (
-        json.dumps(report_dict(findings, checked=checked, elapsed_s=elapsed_s), indent=2, default=str) + "\n"
-    )
+def render_json(findings: Sequence[Finding], *, checked: Sequence[str] = (), elapsed_s: float | None = None) -> str:
+    return json.dumps(report_dict(findings, checked=checked, elapsed_s=elapsed_s), indent=2, default=str) + "\n"

@@ -64,8 +64,7 @@ def _rules(findings: Sequence[Finding]) -> list[dict[str, Any]]:
         rules.append(
             {
                 "id": code,
-                "name": "".join(w.capitalize() for w in title.replace("/", " ").split() if w.isalnum())
-                or code,
+                "name": "".join(w.capitalize() for w in title.replace("/", " ").split() if w.isalnum()) or code,
                 "shortDescription": {"text": title},
                 "fullDescription": {"text": text},
                 "help": {"text": f"{text} Run `usg doctor --list-checks` for every code."},

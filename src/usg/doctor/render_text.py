@@ -56,9 +56,7 @@ def render_text(
         for f in sorted(group, key=lambda f: (-f.severity.rank, f.location.line or 0, f.code)):
             where = []
             if f.location.line is not None:
-                where.append(
-                    f"line {f.location.line}" + (f":{f.location.column}" if f.location.column else "")
-                )
+                where.append(f"line {f.location.line}" + (f":{f.location.column}" if f.location.column else ""))
             if f.location.element:
                 where.append(f.location.element)
             sev = style(f"{f.severity.value.upper():<8}", fg=_COLORS[f.severity], bold=True)

@@ -83,9 +83,7 @@ C_RESHAPE = CodeInfo(
     "reshape element count differs from dims",
     "reshape.shape must hold as many elements as dims (and the same variable dims).",
 )
-C_MBS = CodeInfo(
-    "TRITON005", E, RootCause.BATCH_DIM_CONFIG, "invalid max_batch_size", "max_batch_size must be >= 0."
-)
+C_MBS = CodeInfo("TRITON005", E, RootCause.BATCH_DIM_CONFIG, "invalid max_batch_size", "max_batch_size must be >= 0.")
 C_DYN = CodeInfo(
     "TRITON006",
     E,
@@ -216,12 +214,7 @@ def check_parse(m: TritonModel) -> Iterator[Finding]:
 
 @check("triton_model", codes=[C_NAME])
 def check_name(m: TritonModel) -> Iterator[Finding]:
-    if (
-        m.config is None
-        or not m.config.name
-        or m.config.name == m.name
-        or m.config_path.name != "config.pbtxt"
-    ):
+    if m.config is None or not m.config.name or m.config.name == m.name or m.config_path.name != "config.pbtxt":
         return
     yield tf(
         C_NAME,
@@ -309,8 +302,7 @@ def check_tensors(m: TritonModel) -> Iterator[Finding]:
                     f"{kind} {t.name!r}: dims {dims} ({static_d} elements"
                     f"{', ' + str(var_d) + ' variable' if var_d else ''}) cannot be reshaped to {shape} "
                     f"({static_s} elements{', ' + str(var_s) + ' variable' if var_s else ''})",
-                    "make reshape.shape hold the same number of elements as dims "
-                    "(and the same number of -1 dims)",
+                    "make reshape.shape hold the same number of elements as dims (and the same number of -1 dims)",
                     element=f"{el}.reshape",
                     line=line,
                     tensor=t.name,
@@ -464,8 +456,7 @@ def check_versions(m: TritonModel) -> Iterator[Finding]:
             yield tf(
                 C_VERSION,
                 m,
-                f"version_policy.latest asks for {n} versions but only {len(present)} "
-                f"folder(s) exist ({present})",
+                f"version_policy.latest asks for {n} versions but only {len(present)} folder(s) exist ({present})",
                 f"set num_versions: {len(present)} or add versions",
                 element="version_policy.latest",
                 line=line,
@@ -521,8 +512,7 @@ def check_platform_and_files(m: TritonModel) -> Iterator[Finding]:
         yield tf(
             C_PLATFORM,
             m,
-            f"platform {c.platform!r} runs on backend {PLATFORMS[c.platform][0]!r} but "
-            f"backend is {c.backend!r}",
+            f"platform {c.platform!r} runs on backend {PLATFORMS[c.platform][0]!r} but backend is {c.backend!r}",
             f'remove one of them (e.g. keep backend: "{c.backend}")',
             element="backend",
             line=pline,

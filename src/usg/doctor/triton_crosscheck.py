@@ -52,16 +52,14 @@ C_FIXED = CodeInfo(
     E,
     RootCause.BATCH_DIM_CONFIG,
     "max_batch_size > 0 but the model's batch dim is fixed",
-    "Triton prepends a variable batch dim when max_batch_size > 0; the ONNX "
-    "model's first dim must then be dynamic.",
+    "Triton prepends a variable batch dim when max_batch_size > 0; the ONNX model's first dim must then be dynamic.",
 )
 C_BATCH_IN_DIMS = CodeInfo(
     "TRITON024",
     E,
     RootCause.BATCH_DIM_CONFIG,
     "batch dim listed inside dims",
-    "With max_batch_size > 0 the dims must leave out the batch dim; here they "
-    "include it, so the rank is one too many.",
+    "With max_batch_size > 0 the dims must leave out the batch dim; here they include it, so the rank is one too many.",
 )
 C_UNREADABLE = CodeInfo(
     "TRITON025",
@@ -137,8 +135,7 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                 yield tf(
                     C_NAMES,
                     m,
-                    f"config {kind} {t.name!r} is not a {kind} of {model_file} "
-                    f"(model {kind}s: {sorted(table)})",
+                    f"config {kind} {t.name!r} is not a {kind} of {model_file} (model {kind}s: {sorted(table)})",
                     f"rename it to one of {sorted(table)}",
                     element=el,
                     line=line,
@@ -153,8 +150,7 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                 yield tf(
                     C_DTYPE,
                     m,
-                    f"{kind} {t.name!r} is {cfg_dtype} in the config but tensor("
-                    f"{ot.dtype.lower()}) in {model_file}",
+                    f"{kind} {t.name!r} is {cfg_dtype} in the config but tensor({ot.dtype.lower()}) in {model_file}",
                     f"set data_type: {want}",
                     element=el,
                     line=line,

@@ -107,9 +107,7 @@ def _compatible(a: list[int], b: list[int]) -> bool:
     return len(a) == len(b) and all(x == -1 or y == -1 or x == y for x, y in zip(a, b, strict=True))
 
 
-@check(
-    "triton_model", codes=[C_NO_SCHED, C_UNKNOWN, C_MAP, C_TWICE, C_CYCLE, C_DTYPE, C_SHAPE, C_MBS, C_UNUSED]
-)
+@check("triton_model", codes=[C_NO_SCHED, C_UNKNOWN, C_MAP, C_TWICE, C_CYCLE, C_DTYPE, C_SHAPE, C_MBS, C_UNUSED])
 def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
     if m.config is None or m.config.platform != "ensemble":
         return
@@ -306,9 +304,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-def _agree(
-    m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor, cons: _Tensor
-) -> Iterator[Finding]:
+def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor, cons: _Tensor) -> Iterator[Finding]:
     if prod.dtype != cons.dtype:
         yield tf(
             C_DTYPE,

@@ -24,9 +24,7 @@ def _hf_text_encoder(model: ModelDef, recipe: dict[str, Any]) -> Path:
 EXPORTERS: dict[str, Callable[[ModelDef, dict[str, Any]], Path]] = {"hf-text-encoder": _hf_text_encoder}
 
 
-def export_missing_models(
-    models: Iterable[ModelDef], *, log: Callable[[str], None] | None = None
-) -> list[Path]:
+def export_missing_models(models: Iterable[ModelDef], *, log: Callable[[str], None] | None = None) -> list[Path]:
     """Export every model whose file is missing and which declares an ``export:`` recipe."""
     done: list[Path] = []
     for m in models:

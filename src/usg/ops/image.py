@@ -17,9 +17,7 @@ __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "decode_image", "to_nchw_float"]
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 
 
-def decode_image(
-    value: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-) -> np.ndarray:
+def decode_image(value: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode a path, bytes or an array into an RGB uint8 HWC array.
 
     The pixel limit is checked from the header, before the pixels are decoded, so a
@@ -92,9 +90,7 @@ def _check_array(arr: np.ndarray, field: str, max_pixels: int) -> np.ndarray:
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     if arr.ndim != 3 or arr.shape[2] not in (1, 3, 4):
-        raise InputError(
-            f"{field}: array of shape {list(arr.shape)}", field=field, fix="pass an HxWx3 uint8 RGB array"
-        )
+        raise InputError(f"{field}: array of shape {list(arr.shape)}", field=field, fix="pass an HxWx3 uint8 RGB array")
     if arr.dtype != np.uint8:
         raise InputError(
             f"{field}: array dtype {arr.dtype}, expected uint8",

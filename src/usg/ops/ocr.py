@@ -47,9 +47,7 @@ def _rapidocr() -> Any:
 
 
 @cache
-def _det_helpers(
-    limit_side_len: int, thresh: float, box_thresh: float, unclip_ratio: float
-) -> tuple[Any, Any]:
+def _det_helpers(limit_side_len: int, thresh: float, box_thresh: float, unclip_ratio: float) -> tuple[Any, Any]:
     from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
 
     pre = DetPreProcess(limit_side_len, "min", [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])

@@ -95,9 +95,7 @@ def advise(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> li
         )
     if ev.prompt_image_tokens < t.max_model_len:
         lo = ev.prompt_image_tokens + 1
-        best_len = _largest(
-            lambda n: evaluate(m, gpu, t.with_(max_model_len=n), tp).fits, lo, t.max_model_len
-        )
+        best_len = _largest(lambda n: evaluate(m, gpu, t.with_(max_model_len=n), tp).fits, lo, t.max_model_len)
         if best_len:
             out.append(
                 Advice(
@@ -108,9 +106,7 @@ def advise(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> li
                 )
             )
     if ev.kv.dtype_bytes > 1 and evaluate(m, gpu, t.with_(kv_cache_dtype="fp8"), tp).fits:
-        out.append(
-            Advice("--kv-cache-dtype", ev.kv.dtype, "fp8", "halves KV bytes per token; check accuracy")
-        )
+        out.append(Advice("--kv-cache-dtype", ev.kv.dtype, "fp8", "halves KV bytes per token; check accuracy"))
     if t.gpu_memory_utilization < 0.95:
         util = _smallest_util(m, gpu, t, tp)
         if util is not None:
@@ -134,9 +130,7 @@ def advise(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> li
             out.append(Advice("--dtype", ev.weight_dtype.name, dtype, f"{how[dtype]}; check accuracy"))
             break
     if not out:
-        out.append(
-            Advice("--gpu", gpu.name, "a larger GPU", "no single knob within range makes this target fit")
-        )
+        out.append(Advice("--gpu", gpu.name, "a larger GPU", "no single knob within range makes this target fit"))
     return out
 
 

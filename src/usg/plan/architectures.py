@@ -139,9 +139,7 @@ def load_model_config(source: str | Path | Mapping[str, Any]) -> ModelShape:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: cannot read as JSON ({exc}); fix: pass the model's config.json") from None
     if not isinstance(data, dict):
-        raise UsageError(
-            f"{path}: top level is {type(data).__name__}, not an object; fix: pass a config.json"
-        )
+        raise UsageError(f"{path}: top level is {type(data).__name__}, not an object; fix: pass a config.json")
     return model_shape_from_dict(data, source_name=str(path), name=name)
 
 

@@ -123,9 +123,7 @@ def parse_gpu_spec(spec: str, custom: dict[str, GPUProfile] | None = None) -> tu
     if match:
         text, count = match.group(1), int(match.group(2))
     if count < 1:
-        raise UsageError(
-            f"--gpu {spec!r}: GPU count {count} must be >= 1; fix: write NAME or NAMExN, e.g. L4x2"
-        )
+        raise UsageError(f"--gpu {spec!r}: GPU count {count} must be >= 1; fix: write NAME or NAMExN, e.g. L4x2")
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml", ".json"):
         profiles = load_gpu_profiles(path)
@@ -142,9 +140,7 @@ def load_gpu_profiles(path: str | Path) -> dict[str, GPUProfile]:
     """Read custom profiles from YAML/JSON: one mapping, a list of them, or ``{profiles: [...]}``."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(
-            f"GPU profile file {str(p)!r} does not exist; fix: pass an existing .yaml or .json file"
-        )
+        raise UsageError(f"GPU profile file {str(p)!r} does not exist; fix: pass an existing .yaml or .json file")
     try:
         text = p.read_text(encoding="utf-8")
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)

@@ -78,15 +78,12 @@ class KVCache:
         return max(0, math.floor(kv_budget_bytes / per_seq)) if per_seq else 0
 
 
-def kv_cache(
-    model: ModelShape, dtype: str = "bf16", *, tensor_parallel_size: int = 1, block_size: int = 16
-) -> KVCache:
+def kv_cache(model: ModelShape, dtype: str = "bf16", *, tensor_parallel_size: int = 1, block_size: int = 16) -> KVCache:
     """The :class:`KVCache` of ``model`` with a KV dtype (``bf16``, ``fp16``, ``fp8``, ``fp32``)."""
     key = dtype.strip().lower()
     if key not in KV_DTYPE_BYTES:
         raise UsageError(
-            f"--kv-cache-dtype {dtype!r} is not supported; "
-            f"fix: use auto or one of {', '.join(KV_DTYPE_BYTES)}"
+            f"--kv-cache-dtype {dtype!r} is not supported; fix: use auto or one of {', '.join(KV_DTYPE_BYTES)}"
         )
     if tensor_parallel_size < 1:
         raise UsageError(f"tensor parallel size {tensor_parallel_size} must be >= 1; fix: pass 1, 2, 4 or 8")

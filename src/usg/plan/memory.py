@@ -117,18 +117,14 @@ def valid_tensor_parallel(m: ModelShape, tp: int) -> bool:
 def check_target(m: ModelShape, t: Target) -> None:
     """Reject impossible inputs with the flag, the value and the fix."""
     if t.max_model_len < 1:
-        raise UsageError(
-            f"--max-model-len {t.max_model_len} must be >= 1; fix: pass the longest prompt+output"
-        )
+        raise UsageError(f"--max-model-len {t.max_model_len} must be >= 1; fix: pass the longest prompt+output")
     if t.max_model_len > m.max_position_embeddings:
         raise UsageError(
             f"--max-model-len {t.max_model_len} exceeds the model's max_position_embeddings "
             f"{m.max_position_embeddings}; fix: pass --max-model-len {m.max_position_embeddings} or less"
         )
     if t.concurrency < 1:
-        raise UsageError(
-            f"--concurrency {t.concurrency} must be >= 1; fix: pass the number of parallel requests"
-        )
+        raise UsageError(f"--concurrency {t.concurrency} must be >= 1; fix: pass the number of parallel requests")
     if t.images_per_prompt < 0:
         raise UsageError(f"--images-per-prompt {t.images_per_prompt} is negative; fix: pass 0 or more")
     if t.images_per_prompt and m.vision is None:
@@ -137,13 +133,9 @@ def check_target(m: ModelShape, t: Target) -> None:
             "tower; fix: drop --images-per-prompt or pass a VLM config (llava, llava_next, qwen2_vl)"
         )
     if not 0 < t.gpu_memory_utilization <= 1:
-        raise UsageError(
-            f"--gpu-memory-utilization {t.gpu_memory_utilization} must be in (0, 1]; fix: use e.g. 0.9"
-        )
+        raise UsageError(f"--gpu-memory-utilization {t.gpu_memory_utilization} must be in (0, 1]; fix: use e.g. 0.9")
     if t.max_num_batched_tokens is not None and t.max_num_batched_tokens < 1:
-        raise UsageError(
-            f"--max-num-batched-tokens {t.max_num_batched_tokens} must be >= 1; fix: use e.g. 8192"
-        )
+        raise UsageError(f"--max-num-batched-tokens {t.max_num_batched_tokens} must be >= 1; fix: use e.g. 8192")
 
 
 def default_batched_tokens(gpu: GPUProfile, t: Target, image_tokens: int) -> int:

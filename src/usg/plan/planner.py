@@ -121,8 +121,7 @@ def plan(
     tp = gpu_count if tensor_parallel_size is None else tensor_parallel_size
     if tp > gpu_count:
         raise UsageError(
-            f"--tensor-parallel-size {tp} exceeds the {gpu_count} GPU(s) given; "
-            f"fix: pass --gpu {gpu.name}x{tp}"
+            f"--tensor-parallel-size {tp} exceeds the {gpu_count} GPU(s) given; fix: pass --gpu {gpu.name}x{tp}"
         )
     if not valid_tensor_parallel(model, tp):
         options = [n for n in (1, 2, 4, 8, 16) if valid_tensor_parallel(model, n)]
@@ -202,9 +201,7 @@ def _settings(m: ModelShape, ev: Evaluation, seqs: int) -> Settings:
     if t.block_size != 16:
         vllm.append(("--block-size", str(t.block_size)))
     if ev.weight_dtype.name in ("bf16", "fp16", "fp32"):
-        vllm.append(
-            ("--dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[ev.weight_dtype.name])
-        )
+        vllm.append(("--dtype", {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[ev.weight_dtype.name]))
     elif ev.weight_dtype.name == "fp8":
         vllm.append(("--quantization", "fp8"))
     if ev.kv.dtype.startswith("fp8"):
@@ -242,21 +239,14 @@ def _notes(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> tu
         )
     if m.mla is not None:
         notes.append(
-            f"MLA: KV holds one {m.mla.latent_size}-element latent per layer per token, "
-            "replicated on each TP rank"
+            f"MLA: KV holds one {m.mla.latent_size}-element latent per layer per token, replicated on each TP rank"
         )
     if m.vision is not None and t.images_per_prompt:
         size = t.image_size or m.vision.default_image_size()
-        how = (
-            "given"
-            if t.image_size
-            else "worst case the processor allows; pass --image-size to plan for yours"
-        )
+        how = "given" if t.image_size else "worst case the processor allows; pass --image-size to plan for yours"
         notes.append(f"image {size[0]}x{size[1]} ({how}) → {ev.image_tokens} tokens per image")
     if gpu_count > ev.tensor_parallel_size:
-        notes.append(
-            f"{gpu_count // ev.tensor_parallel_size} data-parallel replicas of TP={ev.tensor_parallel_size}"
-        )
+        notes.append(f"{gpu_count // ev.tensor_parallel_size} data-parallel replicas of TP={ev.tensor_parallel_size}")
     if gpu.note:
         notes.append(f"{gpu.name}: {gpu.note}")
     notes.append(

@@ -66,26 +66,18 @@ def print_plan(p: Plan, console: Console | None = None) -> None:
         _gib(mem.kv_required),
         _pct(mem.kv_required, mem.total),
     )
-    table.add_row(
-        f"reserve (1 − {t.gpu_memory_utilization:.2f})", _gib(mem.reserve), _pct(mem.reserve, mem.total)
-    )
+    table.add_row(f"reserve (1 − {t.gpu_memory_utilization:.2f})", _gib(mem.reserve), _pct(mem.reserve, mem.total))
     style = "green" if mem.headroom >= 0 else "red"
     label = "headroom" if mem.headroom >= 0 else "shortfall"
-    table.add_row(
-        f"[{style}]{label}[/]", f"[{style}]{_gib(abs(mem.headroom))}[/]", _pct(abs(mem.headroom), mem.total)
-    )
+    table.add_row(f"[{style}]{label}[/]", f"[{style}]{_gib(abs(mem.headroom))}[/]", _pct(abs(mem.headroom), mem.total))
     con.print(table)
 
     cap = Table(title="Capacity", title_justify="left", show_header=False)
     cap.add_column("", style="bold")
     cap.add_column("", justify="right")
     cap.add_row(f"max concurrent sequences at {t.max_model_len}", str(p.max_concurrency))
-    cap.add_row(
-        f"KV blocks (block size {t.block_size})", f"{p.kv_blocks:,} ({p.kv_blocks * t.block_size:,} tokens)"
-    )
-    cap.add_row(
-        "smallest TP that fits", str(p.min_tensor_parallel) if p.min_tensor_parallel else "none up to 64"
-    )
+    cap.add_row(f"KV blocks (block size {t.block_size})", f"{p.kv_blocks:,} ({p.kv_blocks * t.block_size:,} tokens)")
+    cap.add_row("smallest TP that fits", str(p.min_tensor_parallel) if p.min_tensor_parallel else "none up to 64")
     tp = p.throughput
     cap.add_row(
         f"decode bound at {tp.concurrency} seqs",
@@ -97,11 +89,7 @@ def print_plan(p: Plan, console: Console | None = None) -> None:
     con.print(cap)
 
     seqs = dict(p.settings.trtllm)["max_batch_size"]
-    clamp = (
-        f" (max-num-seqs {seqs}: what fits, not the {t.concurrency} asked for)"
-        if seqs < t.concurrency
-        else ""
-    )
+    clamp = f" (max-num-seqs {seqs}: what fits, not the {t.concurrency} asked for)" if seqs < t.concurrency else ""
     con.print(f"[bold]vLLM[/]{clamp}")
     con.print(p.settings.vllm_command(m.name), soft_wrap=True, highlight=False, markup=False)
     con.print("[bold]Triton / TensorRT-LLM[/]")
@@ -126,9 +114,7 @@ def plot_plan(p: Plan, path: str | Path) -> Path:
         raise MissingDependency("matplotlib", "report", "usg plan --plot") from None
     out = Path(path)
     if not out.parent.exists():
-        raise UsageError(
-            f"--plot {str(out)!r}: directory {str(out.parent)!r} does not exist; fix: create it first"
-        )
+        raise UsageError(f"--plot {str(out)!r}: directory {str(out.parent)!r} does not exist; fix: create it first")
     curve = memory_curve(p.model, p.gpu, p.target, p.tensor_parallel_size)
     xs = [c for c, _ in curve]
     static = (p.memory.weights + p.memory.activations) / _GIB

@@ -111,9 +111,7 @@ class VisionShape:
             crops += (bh // self.image_size) * (bw // self.image_size)
         return crops * ((self.image_size // self.patch_size) ** 2 + 1)
 
-    def encoder_activation_bytes(
-        self, image_size: tuple[int, int] | None, images: int, dtype_bytes: float
-    ) -> int:
+    def encoder_activation_bytes(self, image_size: tuple[int, int] | None, images: int, dtype_bytes: float) -> int:
         """Peak activation memory of one vision-tower forward over ``images`` images.
 
         Live tensors in the widest sub-layer of a block: the residual stream, its
@@ -134,8 +132,7 @@ class VisionShape:
         width, height = image_size
         if width <= 0 or height <= 0:
             raise UsageError(
-                f"image size {width}x{height} is not positive; "
-                "fix: pass --image-size WIDTHxHEIGHT, e.g. 448x448"
+                f"image size {width}x{height} is not positive; fix: pass --image-size WIDTHxHEIGHT, e.g. 448x448"
             )
         return width, height
 

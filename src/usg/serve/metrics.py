@@ -128,9 +128,13 @@ class ServeMetrics(Observer):
         if event.model is None or not event.ok:
             return
         self.items.labels(event.model).inc(event.items)
-        if event.model not in self._batched:
-            self.queue_wait.labels(event.model).observe(event.queue_ms / 1e3)
-            self.compute.labels(event.model).observe(event.compute_ms / 1e3)
+        if event.model not in self._batched and event.items > 0:
+            # one backend call per item: the event carries sums over a map node's items,
+            # so record each call's mean (as the batched path records one value per call)
+            n = event.items
+            for _ in range(n):
+                self.queue_wait.labels(event.model).observe(event.queue_ms / n / 1e3)
+                self.compute.labels(event.model).observe(event.compute_ms / n / 1e3)
 
     def batch_finished(self, event: BatchEvent) -> None:
         model = event.model

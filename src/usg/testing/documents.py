@@ -34,9 +34,7 @@ class Line:
     angle: float = 0.0  # degrees, counter-clockwise
 
 
-def render_document(
-    lines: Sequence[Line], *, width: int = 900, margin: int = 40, gap: int = 26
-) -> np.ndarray:
+def render_document(lines: Sequence[Line], *, width: int = 900, margin: int = 40, gap: int = 26) -> np.ndarray:
     """Black text on white, one line per entry, top to bottom; returns RGB uint8 HWC."""
     from PIL import Image, ImageDraw, ImageFont
 

@@ -1,0 +1,190 @@
+"""Model-only bound: the request rate this machine could reach if only model compute counted.
+
+``BoundMeter`` (what ``usg bench`` reports): each model is run alone on the whole machine at
+its tuned batch size, intra-op threads and instance count (concurrent calls) for a few
+seconds, right after each USG run; with the items one request needs (1 det, N cls and N rec
+crops, 1–2 MiniLM texts — measured in the benchmark), each model can serve
+throughput_m / items_m requests/s, and the slowest one — the bottleneck stage — is the bound.
+``model_only_bound`` is a profile-only estimate from ``usg tune``'s table (cheapest
+``p50 × threads / batch`` per item, summed over models, assuming perfect scaling over cores).
+Pre/post-processing, tokenisation and the executor itself are deliberately left out: the bound
+is what a perfect server would reach.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from usg.bench.samples import Sample
+from usg.bench.tune import ProfilePoint
+from usg.graph.model import Graph
+
+__all__ = ["BoundMeter", "machine_throughput", "measure_bound", "model_only_bound"]
+
+
+def model_only_bound(
+    profiles: Mapping[str, Sequence[ProfilePoint]],
+    items_per_request: Mapping[str, float],
+    *,
+    p95_ms: float | None = None,
+    cores: int | None = None,
+    max_batch: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """``{"bound_rps", "bottleneck", "per_model": {model: {items, core_ms_per_item, core_ms_per_request}}}``.
+
+    ``max_batch`` caps the batch size a model may use (the batch sizes the graph can form)."""
+    n_cores = cores or os.cpu_count() or 1
+    per_model: dict[str, dict[str, float]] = {}
+    total = 0.0
+    for model, items in items_per_request.items():
+        points = [p for p in profiles.get(model, []) if p_ok(p, p95_ms, (max_batch or {}).get(model))]
+        if not points or items <= 0:
+            continue
+        best = min(points, key=lambda p: p.core_ms_per_item)
+        cost = best.core_ms_per_item * items
+        per_model[model] = {
+            "items_per_request": items,
+            "core_ms_per_item": best.core_ms_per_item,
+            "core_ms_per_request": cost,
+            "batch": best.batch,
+            "threads": best.threads,
+        }
+        total += cost
+    if total <= 0:
+        return {"bound_rps": 0.0, "bottleneck": None, "per_model": per_model, "cores": n_cores, "basis": "no profile"}
+    bottleneck = max(per_model, key=lambda m: per_model[m]["core_ms_per_request"])
+    return {
+        "bound_rps": n_cores * 1000.0 / total,
+        "core_ms_per_request": total,
+        "bottleneck": bottleneck,
+        "bottleneck_share": per_model[bottleneck]["core_ms_per_request"] / total,
+        "per_model": per_model,
+        "cores": n_cores,
+        "basis": f"{n_cores} cores shared by all models, cheapest profiled config per model",
+    }
+
+
+def p_ok(point: ProfilePoint, p95_ms: float | None, max_batch: int | None) -> bool:
+    if p95_ms is not None and point.p95_ms > p95_ms:
+        return False
+    return max_batch is None or point.batch <= max_batch
+
+
+def machine_throughput(
+    model: Any, items: Sequence[Mapping[str, Any]], *, batch: int, threads: int, instances: int, seconds: float
+) -> float:
+    """Items/s of one model alone on this machine: ``instances`` threads calling one session
+    (as the executor's ``concurrency`` does) with batches of ``batch`` recorded items."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from usg.backends.onnxruntime import OnnxRuntimeBackend
+    from usg.bench.tune import batch_pool, make_batch
+
+    backend = OnnxRuntimeBackend(Path(model.path), {**model.options, "intra_op_threads": threads}, name=model.name)
+    backend.load()
+    try:
+        n = max(1, min(8, len(batch_pool(model, items)) // batch))
+        batches = [make_batch(model, items, batch, offset=i * batch) for i in range(n)]
+        for b in batches:
+            backend.infer(b)
+        done = [0] * instances
+        stop = time.perf_counter() + seconds
+
+        def worker(k: int) -> None:
+            i = k
+            while time.perf_counter() < stop:
+                backend.infer(batches[i % n])
+                done[k] += batch
+                i += 1
+
+        start = time.perf_counter()
+        pool = [threading.Thread(target=worker, args=(k,)) for k in range(instances)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        return sum(done) / (time.perf_counter() - start)
+    finally:
+        backend.close()
+
+
+class BoundMeter:
+    """Measures the model-only bound on demand (``usg bench`` calls it right after each USG run,
+    so each run is compared with a bound taken under the same background load). Each model runs
+    alone on the whole machine at its tuned batch size, threads and instance count (concurrent
+    calls on one session) on items captured once from ``samples``. Each model can then serve
+    throughput_m / items_m requests/s; the bound is that of the slowest model, the bottleneck
+    stage (stages overlapping perfectly). ``serial_bound_rps`` is the pessimistic variant with
+    no overlap: the inverse of Σ items_m / throughput_m."""
+
+    def __init__(self, graph: Graph, sidecar: Path, samples: Sequence[Sample], *, seconds: float = 3.0) -> None:
+        from usg.bench.tune import apply_sidecar, read_sidecar
+
+        self.doc = read_sidecar(sidecar)
+        self.graph = apply_sidecar(graph, sidecar)
+        self.samples = list(samples)
+        self.seconds = seconds
+        self._items: dict[str, list[dict[str, Any]]] | None = None
+
+    def __call__(self, items_per_request: Mapping[str, float]) -> dict[str, Any]:
+        from usg.bench.tune import capture_items
+
+        if self._items is None:
+            self._items, _ = capture_items(self.graph, self.samples)
+        items = self._items
+        per_request = {**(self.doc.get("items_per_request") or {}), **items_per_request}
+        per_model: dict[str, dict[str, float]] = {}
+        total_s = 0.0
+        for name in self.doc.get("models") or {}:
+            if name not in items or not items[name] or float(per_request.get(name, 0)) <= 0:
+                continue
+            model = self.graph.models[name]
+            threads = int(model.options.get("intra_op_threads", 1) or 1)
+            instances = max(1, int(model.options.get("concurrency", 1)))
+            batch = max(1, model.batch.max_size)
+            thr = machine_throughput(
+                model, items[name], batch=batch, threads=threads, instances=instances, seconds=self.seconds
+            )
+            n = float(per_request[name])
+            per_model[name] = {
+                "items_per_request": n,
+                "machine_items_per_s": thr,
+                "ms_per_request": n / thr * 1e3,
+                "batch": batch,
+                "threads": threads,
+                "instances": instances,
+            }
+            total_s += n / thr
+        if total_s <= 0:
+            return {"bound_rps": 0.0, "bottleneck": None, "per_model": per_model, "basis": "no tuned models"}
+        # the bottleneck stage: the model that can serve the fewest requests/s on the whole machine
+        for m in per_model.values():
+            m["stage_rps"] = 1e3 / m["ms_per_request"]
+        bottleneck = min(per_model, key=lambda m: per_model[m]["stage_rps"])
+        return {
+            "bound_rps": per_model[bottleneck]["stage_rps"],
+            "serial_bound_rps": 1.0 / total_s,
+            "ms_per_request": total_s * 1e3,
+            "bottleneck": bottleneck,
+            "bottleneck_share": per_model[bottleneck]["ms_per_request"] / (total_s * 1e3),
+            "per_model": per_model,
+            "basis": "bottleneck stage: each model alone on the whole machine at its tuned batch/threads/"
+            "instances, measured right after each USG run, divided by its items per request",
+        }
+
+
+def measure_bound(
+    graph: Graph,
+    sidecar: Path,
+    samples: Sequence[Sample],
+    items_per_request: Mapping[str, float],
+    *,
+    seconds: float = 3.0,
+) -> dict[str, Any]:
+    """One measurement of the bound (see :class:`BoundMeter`)."""
+    return BoundMeter(graph, sidecar, samples, seconds=seconds)(items_per_request)

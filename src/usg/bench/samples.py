@@ -1,0 +1,138 @@
+"""Benchmark inputs: documents (images) and texts, from a folder/file or rendered with known text."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from usg.errors import UsageError
+
+__all__ = ["Sample", "default_samples", "load_samples", "sample_cycle"]
+
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+_TEXT_SUFFIXES = {".txt"}
+
+_DEFAULT_DOCS: tuple[tuple[tuple[str, int, str, float], ...], ...] = (
+    (
+        ("Quarterly report 2026", 34, "DejaVuSans-Bold.ttf", 0.0),
+        ("Revenue grew by 12 percent", 28, "DejaVuSans.ttf", 0.0),
+        ("Operating costs were stable", 24, "DejaVuSans.ttf", 0.0),
+    ),
+    (
+        ("Shipping address", 30, "DejaVuSerif.ttf", 0.0),
+        ("42 Baker Street London", 26, "DejaVuSerif-Bold.ttf", 0.0),
+        ("Order 7781-AX ready", 26, "DejaVuSansMono.ttf", 0.0),
+        ("Tracking code QX93020", 22, "DejaVuSansMono-Bold.ttf", 0.0),
+    ),
+    (
+        ("Signed copy attached", 30, "DejaVuSans.ttf", 0.0),
+        ("Please return by Friday", 28, "DejaVuSans.ttf", 5.0),
+        ("Thank you", 32, "DejaVuSerif-Italic.ttf", 0.0),
+    ),
+    (
+        ("Terms and conditions apply", 18, "DejaVuSans.ttf", 0.0),
+        ("Invoice number 55012", 20, "DejaVuSans.ttf", 0.0),
+        ("Payment due within 30 days of receipt", 20, "DejaVuSans.ttf", 0.0),
+        ("Bank transfer only", 20, "DejaVuSans.ttf", 0.0),
+    ),
+)
+_DEFAULT_TEXTS = (
+    "total amount due",
+    "where is the shipping address",
+    "signed copy of the contract",
+    "payment terms and conditions",
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request's inputs: an RGB uint8 HWC image and/or a text."""
+
+    name: str
+    image: np.ndarray | None = None
+    text: str | None = None
+    _png: list[bytes] = field(default_factory=list, repr=False, compare=False)
+
+    def inputs(self) -> dict[str, Any]:
+        """Graph inputs (``image``, ``text``) for this sample, absent ones left out."""
+        out: dict[str, Any] = {}
+        if self.image is not None:
+            out["image"] = self.image
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+    def png(self) -> bytes:
+        """The image PNG-encoded (cached), for HTTP targets."""
+        if self.image is None:
+            raise ValueError(f"sample {self.name!r} has no image")
+        if not self._png:
+            from PIL import Image
+
+            buf = io.BytesIO()
+            Image.fromarray(self.image).save(buf, format="PNG")
+            self._png.append(buf.getvalue())
+        return self._png[0]
+
+    def json_inputs(self) -> dict[str, Any]:
+        """``/v1/infer`` JSON inputs: the image base64-encoded PNG, the text as is."""
+        out: dict[str, Any] = {}
+        if self.image is not None:
+            out["image"] = {"b64": base64.b64encode(self.png()).decode("ascii")}
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+
+def default_samples() -> list[Sample]:
+    """Four rendered documents (3-4 lines each) paired with four query texts."""
+    from usg.testing.documents import Line, render_document
+
+    out = []
+    for i, (doc, text) in enumerate(zip(_DEFAULT_DOCS, _DEFAULT_TEXTS, strict=True)):
+        image = render_document([Line(t, size=s, font=f, angle=a) for t, s, f, a in doc])
+        out.append(Sample(f"doc{i}", image, text))
+    return out
+
+
+def _read_image(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
+def load_samples(path: str | Path) -> list[Sample]:
+    """Samples from a file or a folder: each image is one sample; ``.txt`` files give texts
+    (one per non-empty line) that are paired with the images in turn (or sent alone)."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--inputs {path}: no such file or folder; fix: pass images/texts or leave it out")
+    files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+    images = [f for f in files if f.suffix.lower() in _IMAGE_SUFFIXES]
+    texts: list[str] = []
+    for f in files:
+        if f.suffix.lower() in _TEXT_SUFFIXES:
+            texts.extend(line.strip() for line in f.read_text(encoding="utf-8").splitlines() if line.strip())
+    if not images and not texts:
+        raise UsageError(
+            f"--inputs {path}: found no images ({', '.join(sorted(_IMAGE_SUFFIXES))}) and no .txt files; "
+            "fix: point it at a folder of documents and/or text files"
+        )
+    if not images:
+        return [Sample(f"text{i}", None, t) for i, t in enumerate(texts)]
+    text_cycle = itertools.cycle(texts) if texts else None
+    return [Sample(f.stem, _read_image(f), next(text_cycle) if text_cycle is not None else None) for f in images]
+
+
+def sample_cycle(samples: list[Sample]) -> Iterator[Sample]:
+    if not samples:
+        raise UsageError("no benchmark inputs; fix: pass --inputs DIR|FILE")
+    return itertools.cycle(samples)

@@ -1,0 +1,102 @@
+"""`usg bench` and `usg tune` on the real document-OCR graph: short, bounded runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from usg.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAPH = ROOT / "examples" / "document_ocr" / "graph.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def invoke(*args: str) -> dict:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.timeout(120)
+def test_bench_in_process_against_sequential(tmp_path):
+    doc = invoke(
+        "bench",
+        str(GRAPH),
+        "--duration",
+        "3",
+        "--warmup",
+        "1",
+        "--concurrency",
+        "2",
+        "--compare",
+        "sequential",
+        "--untuned",
+        "--json",
+        "--plot",
+        str(tmp_path),
+    )
+    systems = [r["system"] for r in doc["results"]]
+    assert systems == ["usg", "sequential"]
+    usg = doc["results"][0]
+    assert usg["completed"] > 0 and usg["errors"] == 0
+    assert usg["p50_ms"] <= usg["p95_ms"] <= usg["p99_ms"]
+    assert doc["equivalence"]["sequential"]["ok"] is True
+    (ratio,) = doc["ratios"]
+    assert ratio["system"] == "sequential" and ratio["throughput_ratio"] > 0
+    breakdown = {m["model"]: m for m in doc["breakdown"]["usg@c2"]}
+    assert {"det", "cls", "rec", "minilm"} <= set(breakdown)
+    assert breakdown["det"]["items_per_request"] == pytest.approx(1.0, abs=0.5)
+    assert (tmp_path / "latency_cdf.png").stat().st_size > 0
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_bench_url_target_reads_server_metrics(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "resources" / "serve"))
+    from harness import start_server
+
+    server = start_server(GRAPH, tmp=tmp_path)
+    try:
+        doc = invoke("bench", server.url, "--duration", "4", "--warmup", "1", "--concurrency", "2", "--json")
+    finally:
+        server.stop()
+    (run,) = doc["results"]
+    assert run["completed"] > 0 and run["errors"] == 0, run
+    models = {m["model"]: m for m in doc["breakdown"]["usg@c2"]}
+    assert models["rec"]["items"] > 0 and models["rec"]["calls"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_tune_profiles_and_writes_sidecar(tmp_path):
+    graph = tmp_path / "graph.yaml"
+    graph.write_text(GRAPH.read_text().replace("${USG_CACHE}", "${USG_CACHE:-~/.cache/usg}"))
+    doc = invoke(
+        "tune",
+        str(graph),
+        "--models",
+        "minilm,cls",
+        "--batch-sizes",
+        "1,4",
+        "--threads",
+        "1",
+        "--seconds",
+        "0.05",
+        "--json",
+    )
+    assert set(doc["choices"]) == {"minilm", "cls"}
+    assert {p["batch"] for p in doc["profiles"]["cls"]} == {1, 4}
+    assert doc["items_per_request"]["det"] == 1.0
+    sidecar = tmp_path / "graph.tuned.yaml"
+    assert doc["sidecar"] == str(sidecar)
+    from usg.bench.tune import apply_sidecar
+    from usg.graph import load_graph
+
+    tuned = apply_sidecar(load_graph(graph))
+    assert tuned.models["cls"].batch.max_size == doc["choices"]["cls"]["batch"]
+    assert tuned.models["minilm"].options["intra_op_threads"] == 1

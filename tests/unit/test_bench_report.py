@@ -1,0 +1,144 @@
+"""Report rendering, JSON, ratios (refused for non-equivalent baselines), equivalence, metrics parsing."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+from rich.console import Console
+
+from usg.bench.breakdown import BreakdownObserver, breakdown_from_metrics, parse_prometheus
+from usg.bench.equivalence import check_equivalence, compare_outputs
+from usg.bench.loadgen import LoadResult
+from usg.bench.report import BenchReport, ratio_rows, render_report, report_json
+from usg.runtime.batcher import BatchEvent
+from usg.runtime.observer import NodeEvent
+
+
+def result(system: str, conc: int, n: int, ms: float) -> LoadResult:
+    r = LoadResult(system, "closed", conc, None, 2.0)
+    r.latencies_ms = [ms] * n
+    return r
+
+
+def make_report() -> BenchReport:
+    rep = BenchReport("graph.yaml", "graph.yaml", "closed", 2.0, 1.0)
+    rep.results = [
+        result("usg", 16, 40, 100.0),
+        result("http-stitched", 16, 20, 200.0),
+        result("ray-serve", 16, 30, 150.0),
+    ]
+    ref = {"lines": [{"text": "a"}], "emb": np.ones(4)}
+    rep.equivalence["http-stitched"] = check_equivalence("http-stitched", "usg", [("s", ref, ref)])
+    rep.equivalence["ray-serve"] = check_equivalence(
+        "ray-serve", "usg", [("s", ref, {**ref, "lines": [{"text": "b"}]})]
+    )
+    return rep
+
+
+def test_ratios_and_refusal():
+    rows = {r["system"]: r for r in ratio_rows(make_report())}
+    assert rows["http-stitched"]["throughput_ratio"] == 2.0
+    assert rows["http-stitched"]["p95_ratio"] == 2.0
+    assert rows["ray-serve"]["throughput_ratio"] is None
+    assert rows["ray-serve"]["refused"] == "outputs differ from USG's"
+
+
+def test_render_and_json():
+    rep = make_report()
+    buf = io.StringIO()
+    render_report(rep, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "2.00×" in text and "refused: outputs differ" in text
+    doc = json.loads(json.dumps(report_json(rep)))
+    assert doc["results"][0]["throughput_rps"] == 20.0
+    assert doc["equivalence"]["ray-serve"]["ok"] is False
+
+
+def test_compare_outputs_text_and_cosine():
+    a = {"lines": [{"text": "x", "score": 0.9}], "e": np.array([[1.0, 0.0]])}
+    assert compare_outputs(a, {"lines": [{"text": "x", "score": 0.8}], "e": [[1.0, 1e-4]]}) == []
+    problems = compare_outputs(a, {"lines": [{"text": "y"}], "e": [[0.0, 1.0]]})
+    assert any("'lines'" in p for p in problems) and any("cosine 0.000000" in p for p in problems)
+    assert compare_outputs(a, {"lines": [{"text": "x"}]}) == ["output 'e' missing (reference has it)"]
+
+
+def test_breakdown_observer_batched_and_direct():
+    obs = BreakdownObserver()
+    obs.batch_finished(BatchEvent("rec", 4, 4, 100, 120, (1.0, 2.0, 3.0, 2.0), 30.0, True))
+    obs.batch_finished(BatchEvent("rec", 2, 2, 50, 50, (1.0, 1.0), 20.0, True))
+    obs.node_finished(NodeEvent("r1", "rec", "model", "rec", 0.0, 1.0, 8.0, 50.0, 6, True))  # ignored: batched
+    obs.node_finished(NodeEvent("r1", "det", "model", "det", 0.0, 1.0, 1.0, 40.0, 1, True))
+    obs.request_finished("r1", ["image"], 1.0, "ok", [])
+    obs.request_finished("r2", ["image"], 1.0, "ok", [])
+    rec, det = {m.model: m for m in obs.snapshot()}["rec"], {m.model: m for m in obs.snapshot()}["det"]
+    assert rec.items == 6 and rec.calls == 2 and rec.mean_batch == 3.0
+    assert rec.queue_ms_mean == 10.0 / 6 and rec.compute_ms_mean == 25.0
+    assert abs(rec.padding_waste - 20 / 170) < 1e-9
+    assert rec.items_per_request == 3.0
+    assert det.calls == 1 and det.compute_ms_mean == 40.0
+    obs.reset()
+    assert obs.snapshot() == []
+
+
+METRICS_BEFORE = """# HELP usg_model_items_total x
+usg_model_items_total{model="rec"} 10.0
+usg_batch_size_bucket{le="1.0",model="rec"} 2.0
+usg_batch_size_bucket{le="4.0",model="rec"} 4.0
+usg_batch_size_bucket{le="+Inf",model="rec"} 4.0
+usg_batch_size_count{model="rec"} 4.0
+usg_batch_size_sum{model="rec"} 10.0
+usg_model_queue_wait_seconds_sum{model="rec"} 0.01
+usg_model_compute_seconds_sum{model="rec"} 0.2
+usg_model_compute_seconds_count{model="rec"} 4.0
+"""
+METRICS_AFTER = """usg_model_items_total{model="rec"} 22.0
+usg_batch_size_bucket{le="1.0",model="rec"} 2.0
+usg_batch_size_bucket{le="4.0",model="rec"} 7.0
+usg_batch_size_bucket{le="+Inf",model="rec"} 7.0
+usg_batch_size_count{model="rec"} 7.0
+usg_batch_size_sum{model="rec"} 22.0
+usg_model_queue_wait_seconds_sum{model="rec"} 0.034
+usg_model_compute_seconds_sum{model="rec"} 0.5
+usg_model_compute_seconds_count{model="rec"} 7.0
+usg_model_items_total{model="det"} 3.0
+usg_model_compute_seconds_sum{model="det"} 0.3
+usg_model_compute_seconds_count{model="det"} 3.0
+"""
+
+
+def test_breakdown_from_metrics_deltas():
+    parsed = parse_prometheus(METRICS_AFTER)
+    assert parsed[("usg_model_items_total", (("model", "rec"),))] == 22.0
+    models = {m.model: m for m in breakdown_from_metrics(METRICS_BEFORE, METRICS_AFTER, requests=4)}
+    rec = models["rec"]
+    assert rec.items == 12 and rec.calls == 3 and rec.mean_batch == 4.0
+    assert dict(rec.batch_sizes) == {4: 3}
+    assert abs(rec.queue_ms_mean - 2.0) < 1e-9
+    assert abs(rec.compute_ms_mean - 100.0) < 1e-9
+    assert rec.items_per_request == 3.0
+    det = models["det"]
+    assert det.calls == 3 and abs(det.compute_ms_mean - 100.0) < 1e-9
+
+
+def test_bench_public_api_is_sorted_and_importable():
+    import usg.bench
+
+    assert usg.bench.__all__ == sorted(usg.bench.__all__)
+    for name in usg.bench.__all__:
+        assert getattr(usg.bench, name) is not None
+
+
+def test_bound_measurements_are_summarised_per_level():
+    from usg.bench.runner import _summarize_bounds
+
+    bounds = [
+        {"bound_rps": 4.0, "level": 16.0, "achieved": 0.75, "per_model": {}, "bottleneck": "det"},
+        {"bound_rps": 2.0, "level": 16.0, "achieved": 0.95, "per_model": {}, "bottleneck": "det"},
+        {"bound_rps": 3.0, "level": 1.0, "achieved": 0.5, "per_model": {}, "bottleneck": "det"},
+    ]
+    s = _summarize_bounds(bounds, [1.0, 16.0])
+    assert s["bound_rps"] == 3.0
+    assert s["achieved"] == {"1": 0.5, "16": 0.85}
+    assert [m["bound_rps"] for m in s["measurements"]] == [4.0, 2.0, 3.0]

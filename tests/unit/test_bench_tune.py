@@ -1,0 +1,96 @@
+"""Tune selection on synthetic profiles, the sidecar round trip, and the model-only bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from usg.bench.bound import model_only_bound
+from usg.bench.tune import ModelChoice, ProfilePoint, apply_sidecar, choose, sidecar_path, write_sidecar
+from usg.errors import GraphError
+from usg.graph.model import BatchPolicy, Graph, ModelDef
+
+
+def curve(model: str, threads: int, ms_by_batch: dict[int, float]) -> list[ProfilePoint]:
+    return [ProfilePoint(model, b, threads, ms, ms * 1.1, b / (ms / 1e3)) for b, ms in ms_by_batch.items()]
+
+
+# conv-heavy det: batching barely helps; rec: per-item cost falls until ~8, then flattens
+DET = curve("det", 1, {1: 100, 2: 195, 4: 400, 8: 820}) + curve("det", 2, {1: 60, 2: 118, 4: 240, 8: 500})
+REC = curve("rec", 1, {1: 20, 2: 24, 4: 32, 6: 40, 8: 47, 12: 70, 16: 94}) + curve(
+    "rec", 2, {1: 14, 2: 18, 4: 25, 6: 31, 8: 37, 12: 56, 16: 75}
+)
+
+
+def test_det_prefers_small_batch_and_rec_about_eight():
+    det = choose(DET, p95_ms=200, cpus=2)
+    assert det.batch in (1, 2) and (det.threads, det.instances) == (1, 2)
+    rec = choose(REC, p95_ms=100, cpus=2)
+    assert 6 <= rec.batch <= 8 and rec.threads == 1
+    # on one core a second thread buys nothing and rec still wants ~8
+    assert 6 <= choose(REC, p95_ms=100, cpus=1).batch <= 8
+
+
+def test_latency_bound_excludes_big_batches():
+    rec = choose(REC, p95_ms=30, cpus=2)
+    assert rec.point is not None and rec.point.p95_ms <= 30
+    assert rec.batch <= 4
+
+
+def test_no_config_meets_bound_takes_fastest_and_says_so():
+    c = choose(DET, p95_ms=10, cpus=2)
+    assert (c.batch, c.threads, c.instances) == (1, 2, 1)
+    assert "no config meets p95" in c.reason
+
+
+def test_choose_needs_points():
+    with pytest.raises(ValueError, match="no profile points"):
+        choose([], 10)
+
+
+def graph(tmp_path) -> Graph:
+    src = tmp_path / "g.yaml"
+    src.write_text("name: g\n")
+    models = {
+        "det": ModelDef("det", "onnxruntime", options={"intra_op_threads": 2}),
+        "rec": ModelDef("rec", "onnxruntime", batch=BatchPolicy(max_size=8, max_delay_ms=3)),
+    }
+    return Graph("g", {}, models, {}, {}, source=src)
+
+
+def test_sidecar_round_trip(tmp_path):
+    g = graph(tmp_path)
+    choices = {"det": ModelChoice("det", 2, 1, None, "r", 2), "rec": ModelChoice("rec", 6, 2, None, "r")}
+    path = sidecar_path(g.source)
+    assert path.name == "g.tuned.yaml"
+    write_sidecar(g, choices, {"rec": REC}, {"det": 1.0, "rec": 3.5}, 100.0, path)
+    tuned = apply_sidecar(g)
+    assert tuned is not g and g.models["det"].batch.max_size == 1  # input unchanged
+    assert tuned.models["det"].batch == BatchPolicy(max_size=2, max_delay_ms=2.0, preferred_sizes=(2,))
+    assert tuned.models["det"].options == {"intra_op_threads": 1, "concurrency": 2}
+    assert tuned.models["rec"].batch.max_size == 6 and tuned.models["rec"].batch.max_delay_ms == 3
+    assert tuned.models["rec"].options["intra_op_threads"] == 2
+
+
+def test_sidecar_naming_an_unknown_model_is_a_graph_error(tmp_path):
+    g = graph(tmp_path)
+    write_sidecar(g, {"det": ModelChoice("det", 1, 1, None, "r")}, {}, {}, 100.0, sidecar_path(g.source))
+    g2 = dataclasses.replace(g, models={"rec": g.models["rec"]})
+    with pytest.raises(GraphError, match="the graph has no model 'det'"):
+        apply_sidecar(g2)
+
+
+def test_no_sidecar_returns_the_graph(tmp_path):
+    g = graph(tmp_path)
+    assert apply_sidecar(g) is g
+
+
+def test_model_only_bound_sums_cpu_cost_over_shared_cores():
+    profiles = {"det": DET, "rec": REC}
+    b = model_only_bound(profiles, {"det": 1.0, "rec": 4.0}, p95_ms=1000, cores=2)
+    # det cheapest: 1 thread, batch 2 → 97.5 CPU ms/item; rec: 1 thread, batch 12 → 5.83 ms/item
+    assert b["per_model"]["det"]["core_ms_per_item"] == pytest.approx(97.5)
+    assert b["per_model"]["rec"]["core_ms_per_item"] == pytest.approx(70 / 12)
+    assert b["bound_rps"] == pytest.approx(2000 / (97.5 + 4 * 70 / 12))
+    assert b["bottleneck"] == "det"
