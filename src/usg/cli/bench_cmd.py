@@ -159,15 +159,13 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 
 def _graph(target: str, graph_path: str | None, untuned: bool) -> Any:
     from usg.bench.targets import is_url
-    from usg.bench.tune import apply_sidecar
 
     path = graph_path or (None if is_url(target) else target)
     if path is None:
         return None
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such graph file; fix: pass a graph YAML, or a http:// URL of `usg serve`")
-    graph = load_graph_for_cli(path)
-    return graph if untuned else apply_sidecar(graph)
+    return load_graph_for_cli(path, tuned=not untuned)
 
 
 def _bound_meter(graph: Any, samples: list[Any], report_notes: list[str]) -> Any:
@@ -221,7 +219,7 @@ def tune(
     from usg.bench.samples import default_samples, load_samples
     from usg.bench.tune import capture_items, choose, items_per_request, profile_model, sidecar_path, write_sidecar
 
-    graph = load_graph_for_cli(graph_path)
+    graph = load_graph_for_cli(graph_path, tuned=False)  # profile from the graph as written
     sizes = _int_list(batch_sizes, "--batch-sizes")
     threads = _int_list(threads_opt, "--threads") if threads_opt else tuple(range(1, (os.cpu_count() or 1) + 1))
     samples = load_samples(inputs_path) if inputs_path else default_samples()

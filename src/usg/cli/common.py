@@ -14,24 +14,19 @@ out_console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 
-def load_graph_for_cli(path: str | Path) -> Graph:
-    """Load a graph, exporting models it declares an ``export:`` recipe for (with a spinner on stderr)."""
-    from usg.export import export_missing_models
+def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
+    """Load a graph for a command: export models it has an ``export:`` recipe for (spinner on stderr),
+    and, with ``tuned``, merge the ``GRAPH.tuned.yaml`` that ``usg tune`` wrote next to it."""
     from usg.graph import load_graph
-    from usg.graph.loader import parse_graph, read_graph_file
 
     p = Path(path).expanduser().resolve()
-    data = read_graph_file(p)
-    _name, _inputs, models, *_rest, problems = parse_graph(data, p.parent, str(p))
-    missing = [m for m in models.values() if m.export and m.path is not None and not m.path.exists()]
-    if missing and not problems:
-        with err_console.status(f"exporting {', '.join(m.name for m in missing)} to ONNX (once; cached)"):
-            export_missing_models(missing, log=lambda msg: err_console.print(f"[dim]{msg}[/]"))
-    graph = load_graph(p)
-    from usg.bench.tune import apply_sidecar, sidecar_path
+    with err_console.status("loading graph (models missing on disk are exported to ONNX once)"):
+        graph = load_graph(p, export_missing=True, log=lambda msg: err_console.print(f"[dim]{msg}[/]"))
+    if tuned:
+        from usg.bench.tune import apply_sidecar, sidecar_path
 
-    tuned = sidecar_path(p)
-    if tuned.is_file():
-        err_console.print(f"[dim]using tuned batch sizes and threads from {tuned} (delete it to undo)[/]")
-        graph = apply_sidecar(graph, tuned)
+        sidecar = sidecar_path(p)
+        if sidecar.is_file():
+            err_console.print(f"[dim]using tuned batch sizes and threads from {sidecar} (delete it to undo)[/]")
+            graph = apply_sidecar(graph, sidecar)
     return graph

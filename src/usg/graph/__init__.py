@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from usg.graph.builder import GraphBuilder
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-def load_graph(path: str | Path, *, export_missing: bool = False) -> Graph:
+def load_graph(path: str | Path, *, export_missing: bool = False, log: Callable[[str], None] | None = None) -> Graph:
     """Read, validate and return the graph in a YAML file.
 
     With ``export_missing``, models whose file is missing but which declare an
@@ -36,5 +37,5 @@ def load_graph(path: str | Path, *, export_missing: bool = False) -> Graph:
     if export_missing and not problems:
         from usg.export import export_missing_models
 
-        export_missing_models(models.values())
+        export_missing_models(models.values(), log=log)
     return validate_graph(name, inputs, models, nodes, outputs, source=p, limits=limits, problems=problems)

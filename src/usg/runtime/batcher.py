@@ -18,15 +18,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor as PoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from usg.backends.base import Backend
 from usg.errors import BackendError, Overloaded, StateError
 from usg.graph.model import BatchPolicy, PadPolicy
-from usg.runtime.padding import assemble, group_key, item_length, padded_elements, split_outputs
+from usg.runtime.padding import assemble, group_key, item_length, item_rows, padded_elements, split_outputs
 from usg.runtime.runner import ItemTiming, call_backend
 
 __all__ = ["BatchEvent", "BatchingRunner"]
@@ -58,7 +56,6 @@ class _Pending:
     timing: ItemTiming | None
     rows: int = 1
     started: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BatchingRunner:
@@ -130,7 +127,7 @@ class BatchingRunner:
                 why=f"queue_full:{self.model}",
             )
         loop = asyncio.get_running_loop()
-        rows = _rows(item)
+        rows = item_rows(item)
         pending = _Pending(
             item,
             loop.create_future(),
@@ -202,7 +199,6 @@ class BatchingRunner:
         start = group.index(head)
         chosen: list[_Pending] = [head]
         lo, hi = start - 1, start + 1
-        rows = head.rows
         while len(chosen) < self.policy.max_size and (lo >= 0 or hi < len(group)):
             # grow toward the neighbour closest in length: least padding waste
             cand_lo = group[lo] if lo >= 0 else None
@@ -217,7 +213,6 @@ class BatchingRunner:
             if not self._within_budget([*chosen, cand]):
                 break
             chosen.append(cand)
-            rows += cand.rows
         if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:
             fits = [s for s in self.policy.preferred_sizes if s <= len(chosen)]
             if fits:
@@ -302,12 +297,3 @@ class BatchingRunner:
         )
         for listener in self.listeners:
             listener(event)
-
-
-def _rows(item: Mapping[str, Any]) -> int:
-    for v in item.values():
-        if isinstance(v, np.ndarray) and v.ndim:
-            return int(v.shape[0])
-        if isinstance(v, list):
-            return len(v)
-    return 1

@@ -16,7 +16,7 @@ import numpy as np
 
 from usg.graph.model import PadPolicy
 
-__all__ = ["assemble", "group_key", "item_length", "next_size", "padded_elements", "split_outputs"]
+__all__ = ["assemble", "group_key", "item_length", "item_rows", "next_size", "padded_elements", "split_outputs"]
 
 
 def _axes(pad: PadPolicy | None, port: str) -> tuple[int, ...]:
@@ -116,6 +116,16 @@ def assemble(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> tuple
     return out, real, padded
 
 
+def item_rows(item: Mapping[str, Any]) -> int:
+    """How many batch rows an item carries (axis 0 of its first array, or its list length)."""
+    for v in item.values():
+        if isinstance(v, np.ndarray) and v.ndim:
+            return int(v.shape[0])
+        if isinstance(v, list):
+            return len(v)
+    return 1
+
+
 def split_outputs(
     outputs: Mapping[str, Any],
     items: Sequence[Mapping[str, Any]],
@@ -123,17 +133,7 @@ def split_outputs(
     inputs: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says)."""
-    rows = []
-    for it in items:
-        n = 1
-        for v in it.values():
-            if isinstance(v, np.ndarray) and v.ndim:
-                n = int(v.shape[0])
-                break
-            if isinstance(v, list):
-                n = len(v)
-                break
-        rows.append(n)
+    rows = [item_rows(it) for it in items]
     total = sum(rows)
     parts: list[dict[str, Any]] = [{} for _ in items]
     for name, value in outputs.items():

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,7 +31,6 @@ from usg.errors import StateError, USGError
 from usg.graph import Graph
 from usg.runtime import Executor, InferResult
 from usg.runtime.executor import ExecutorState
-from usg.runtime.inputs import normalize_inputs
 from usg.serve.errors import DrainingError, error_response, rejection_reason
 from usg.serve.limits import InflightGate, check_content_length
 from usg.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
@@ -113,9 +111,8 @@ class ServeContext:
 
     # -- requests ----------------------------------------------------------------------------
     async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
-        """Decode inputs off the event loop (images), then run the graph."""
-        values = await anyio.to_thread.run_sync(normalize_inputs, self.graph, raw)
-        return await self.executor.infer(values, request_id=request_id, timeout_s=self.config.timeout_s)
+        """Run the graph (the executor decodes encoded images off the event loop)."""
+        return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
 
     async def guarded(
         self,
