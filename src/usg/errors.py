@@ -11,6 +11,7 @@ Split by what the caller can do about it::
     ├── RequestTimeout        the request ran past its deadline (HTTP 504)
     ├── Overloaded            retry later; carries retry_after  (HTTP 429 / 503)
     ├── StateError            the executor/server is not in a state to do this (HTTP 503)
+    │   └── ReplicaUnavailable  a remote model replica died and retries ran out (HTTP 503)
     ├── MissingDependency     an optional extra is not installed; says the pip line
     └── UsageError            a CLI/API argument is wrong (exit code 2)
 
@@ -32,6 +33,7 @@ __all__ = [
     "MissingDependency",
     "Overloaded",
     "PayloadTooLarge",
+    "ReplicaUnavailable",
     "RequestTimeout",
     "StateError",
     "USGError",
@@ -152,6 +154,12 @@ class StateError(USGError):
 
     status = 503
     reason = "unavailable"
+
+
+class ReplicaUnavailable(StateError):
+    """A model's remote replicas (Ray Serve) failed the call and the retries ran out; retry later."""
+
+    reason = "replica_unavailable"
 
 
 class MissingDependency(USGError):

@@ -32,6 +32,14 @@ class Backend(abc.ABC):
     #: True for backends so cheap (microseconds per item) that a worker-thread hop costs more
     #: than the call: the runner calls them on the event loop
     inline: bool = False
+    #: True for backends whose model runs elsewhere (a Ray Serve deployment, a Triton server):
+    #: the runner awaits :meth:`ainfer` on the event loop, with no worker thread and no local
+    #: concurrency cap (the remote side queues and batches)
+    remote: bool = False
+
+    async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one item remotely (only for ``remote`` backends)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a remote backend")
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
         """Whether this call is cheap enough to run on the event loop (see :attr:`inline`)."""

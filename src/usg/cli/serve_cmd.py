@@ -12,7 +12,7 @@ from types import FrameType
 import click
 
 from usg.cli.common import err_console, load_graph_for_cli
-from usg.errors import MissingDependency
+from usg.errors import MissingDependency, UsageError
 
 __all__ = ["serve"]
 
@@ -54,6 +54,19 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 @click.option(
+    "--engine",
+    type=click.Choice(["embedded", "ray"]),
+    default="embedded",
+    show_default=True,
+    help="embedded: one process (uvicorn). ray: each model a Ray Serve deployment, scaled by the graph's deploy:.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDR",
+    help="With --engine ray: the cluster to join (default $RAY_ADDRESS, else a local Ray on this machine).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -68,9 +81,22 @@ def serve(
     timeout: float,
     otel: str | None,
     no_batching: bool,
+    engine: str,
+    ray_address: str | None,
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
+    if engine == "ray":
+        if otel or no_batching:
+            raise UsageError(
+                "--otel and --no-batching apply to the embedded engine only; fix: drop them with --engine ray"
+            )
+        from usg.cli.serve_ray import serve_on_ray
+
+        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address)
+        return
+    if ray_address:
+        raise UsageError("--ray-address needs --engine ray; fix: add --engine ray or drop --ray-address")
     try:
         import uvicorn
     except ImportError:

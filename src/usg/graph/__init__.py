@@ -6,12 +6,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from usg.graph.builder import GraphBuilder
+from usg.graph.deploy import DeployPolicy, DeploySpec, parse_deploy
 from usg.graph.loader import parse_graph, read_graph_file
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.graph.validate import describe_model, validate_graph
 
 __all__ = [
     "BatchPolicy",
+    "DeployPolicy",
+    "DeploySpec",
     "Graph",
     "GraphBuilder",
     "InputDef",
@@ -34,8 +37,12 @@ def load_graph(path: str | Path, *, export_missing: bool = False, log: Callable[
     p = Path(path).expanduser().resolve()
     data = read_graph_file(p)
     name, inputs, models, nodes, outputs, limits, problems = parse_graph(data, p.parent, str(p))
+    deploy, deploy_problems = parse_deploy(data.get("deploy"), models, nodes)
+    problems += deploy_problems
     if export_missing and not problems:
         from usg.export import export_missing_models
 
         export_missing_models(models.values(), log=log)
-    return validate_graph(name, inputs, models, nodes, outputs, source=p, limits=limits, problems=problems)
+    return validate_graph(
+        name, inputs, models, nodes, outputs, source=p, limits=limits, problems=problems, deploy=deploy
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.deploy import parse_deploy
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
 from usg.graph.validate import validate_graph
 from usg.specs import Modality, TensorSpec
@@ -33,6 +34,7 @@ class GraphBuilder:
         self._nodes: dict[str, NodeDef] = {}
         self._outputs: dict[str, Ref] = {}
         self._limits: dict[str, Any] = {}
+        self._deploy: dict[str, Any] | None = None
         self._problems: list[GraphProblem] = []
 
     def _ref(self, where: str, text: str) -> Ref:
@@ -109,6 +111,11 @@ class GraphBuilder:
         self._outputs[name] = self._ref(f"outputs.{name}", ref)
         return self
 
+    def deploy(self, data: Mapping[str, Any]) -> GraphBuilder:
+        """Set the ``deploy:`` section (same mapping as in YAML: router / models / nodes)."""
+        self._deploy = dict(data)
+        return self
+
     def limits(self, **limits: Any) -> GraphBuilder:
         self._limits.update(limits)
         return self
@@ -117,6 +124,7 @@ class GraphBuilder:
         problems = list(self._problems)
         if not self._outputs:
             problems.append(GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')"))
+        deploy, deploy_problems = parse_deploy(self._deploy, self._models, self._nodes)
         return validate_graph(
             self.name,
             self._inputs,
@@ -124,5 +132,6 @@ class GraphBuilder:
             self._nodes,
             self._outputs,
             limits=self._limits,
-            problems=problems,
+            problems=problems + deploy_problems,
+            deploy=deploy,
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from usg.graph.deploy import DeploySpec
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["BatchPolicy", "Graph", "InputDef", "ModelDef", "NodeDef", "PadPolicy", "Ref"]
@@ -122,6 +123,8 @@ class Graph:
     source: Path | None = None
     order: tuple[str, ...] = ()  # node names in a topological order
     limits: dict[str, Any] = field(default_factory=dict)
+    # replicas / autoscaling / resources for the scale-out engines (Ray Serve, Triton export)
+    deploy: DeploySpec = field(default_factory=DeploySpec)
 
     def upstream(self, node: str) -> set[str]:
         return {r.source for r in self.nodes[node].inputs.values() if not r.is_graph_input}

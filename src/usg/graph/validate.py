@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from usg.errors import GraphError, GraphProblem
+from usg.graph.deploy import DeploySpec
 from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref
 from usg.ops.signature import ListOf, PortSpec, signature_of
 from usg.specs import TensorSpec
@@ -316,6 +317,7 @@ def validate_graph(
     source: Path | None = None,
     limits: dict[str, Any] | None = None,
     problems: list[GraphProblem] | None = None,
+    deploy: DeploySpec | None = None,
 ) -> Graph:
     """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
     v = _Validator(name, inputs, models, nodes, outputs)
@@ -323,4 +325,14 @@ def validate_graph(
     all_problems = list(problems or []) + v.problems
     if all_problems:
         raise GraphError(all_problems, source=str(source) if source else name)
-    return Graph(name, inputs, models, nodes, outputs, source=source, order=tuple(order), limits=dict(limits or {}))
+    return Graph(
+        name,
+        inputs,
+        models,
+        nodes,
+        outputs,
+        source=source,
+        order=tuple(order),
+        limits=dict(limits or {}),
+        deploy=deploy or DeploySpec(),
+    )

@@ -14,7 +14,7 @@ import enum
 import itertools
 import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,9 +69,12 @@ def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]
 class Executor:
     """Runs a :class:`~usg.graph.Graph`.
 
-    ``backends`` overrides the backend of named models (tests pass ``FakeBackend``s).
-    ``batching=False`` forces one backend call per item even where the graph declares
-    a batch policy. ``timeout_s`` is the default per-request deadline.
+    ``backends`` overrides the backend of named models (tests pass ``FakeBackend``s; the
+    Ray engine passes remote backends, which are never batched here — their deployment
+    batches). ``fns`` overrides the callable of named Python nodes (called with the same
+    keyword arguments as the node's function; the Ray engine passes callables that run the
+    node in its own deployment). ``batching=False`` forces one backend call per item even
+    where the graph declares a batch policy. ``timeout_s`` is the default per-request deadline.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class Executor:
         graph: Graph,
         *,
         backends: Mapping[str, Backend] | None = None,
+        fns: Mapping[str, Callable[..., dict[str, Any]]] | None = None,
         timeout_s: float = 60.0,
         batching: bool = True,
         workers: int | None = None,
@@ -94,6 +98,7 @@ class Executor:
         n_workers = workers or max(4, 2 * len(graph.models) + 2)
         self._pool = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="usg-worker")
         self._fns: dict[str, Any] = {}
+        self._fn_overrides = dict(fns or {})
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}
@@ -134,14 +139,14 @@ class Executor:
         for node in self.graph.nodes.values():
             if node.fn is not None:
                 func = import_callable(node.fn)
-                self._fns[node.name] = func
+                self._fns[node.name] = self._fn_overrides.get(node.name, func)
                 self._fn_params[node.name] = accepted_params(func)
         self.state = ExecutorState.RUNNING
 
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
         concurrency = int(model.options.get("concurrency", 1))
-        if self.batching and model.batch.enabled:
+        if self.batching and model.batch.enabled and not backend.remote:
             from usg.runtime.batcher import BatchingRunner
 
             return BatchingRunner(

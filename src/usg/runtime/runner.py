@@ -51,7 +51,11 @@ def call_backend(backend: Backend, model: str, batch: Mapping[str, Any]) -> dict
 
 
 class DirectRunner:
-    """One backend call per item, at most ``concurrency`` at a time (like one Triton instance)."""
+    """One backend call per item, at most ``concurrency`` at a time (like one Triton instance).
+
+    A remote backend (``backend.remote``) is awaited directly with no local cap: the remote
+    deployment queues, batches and pushes back.
+    """
 
     def __init__(self, model: str, backend: Backend, pool: PoolExecutor, *, concurrency: int = 1) -> None:
         self.model = model
@@ -64,6 +68,11 @@ class DirectRunner:
 
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
+        if self.backend.remote:
+            out = await self.backend.ainfer(item)
+            if timing is not None:
+                timing.compute_ms = (time.perf_counter() - t0) * 1e3
+            return out
         async with self._sem:
             t1 = time.perf_counter()
             if self.backend.runs_inline(item):

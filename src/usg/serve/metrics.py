@@ -77,6 +77,12 @@ class ServeMetrics(Observer):
         self.items = Counter(
             "usg_model_items", "Items a model processed (rate() gives items/s).", ["model"], registry=r
         )
+        self.remote_retries = Counter(
+            "usg_remote_retries",
+            "Calls to a remote replica (Ray engine) retried because the replica failed or was unreachable.",
+            ["target"],
+            registry=r,
+        )
         self.node_seconds = Histogram(
             "usg_node_seconds",
             "Wall time of a node within a request.",
@@ -158,6 +164,9 @@ class ServeMetrics(Observer):
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
+
+    def remote_retry(self, target: str) -> None:
+        self.remote_retries.labels(target).inc()
 
 
 def _depth_of(runner: Any) -> Callable[[], float]:

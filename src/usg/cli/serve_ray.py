@@ -1,0 +1,49 @@
+"""``usg serve GRAPH --engine ray``: deploy the graph on Ray Serve and keep it up until a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import FrameType
+
+from usg.cli.common import err_console, load_graph_for_cli
+from usg.serve.app import ServeConfig
+
+__all__ = ["serve_on_ray"]
+
+
+def serve_on_ray(
+    graph_path: str,
+    host: str,
+    port: int,
+    max_inflight: int,
+    max_body_mb: float,
+    timeout: float,
+    ray_address: str | None,
+) -> None:
+    from usg.scale.ray_app import connect_ray, deploy_graph
+
+    graph = load_graph_for_cli(graph_path)
+    stop = threading.Event()
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with err_console.status("starting Ray"):
+        connect_ray(ray_address)
+    from ray import serve
+
+    config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
+    with err_console.status(f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"):
+        url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout)
+    deployments = sorted(serve.status().applications[graph.name].deployments)
+    err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
+    stop.wait()
+    err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
+    if ray_address or os.environ.get("RAY_ADDRESS"):
+        serve.delete(graph.name)  # leave the shared cluster's other applications alone
+    else:
+        serve.shutdown()

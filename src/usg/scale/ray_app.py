@@ -1,0 +1,94 @@
+"""Build and run a graph as a Ray Serve application.
+
+One deployment per model (``model-NAME``), one per Python node marked
+``deploy: {nodes: {NAME: {own_deployment: true}}}`` (``node-NAME``), and the ``router``
+ingress that serves the HTTP API. Model files are loaded by the replicas, so on a
+multi-node cluster every node must see them at the same path (shared file system or the
+same image).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from usg.errors import MissingDependency, UsageError
+from usg.graph.model import Graph
+from usg.scale.ray_options import deployment_name, fn_options, model_options, router_options
+from usg.serve.app import ServeConfig
+
+__all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
+
+
+def _serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError:
+        raise MissingDependency("ray", "ray", "usg serve --engine ray") from None
+    return serve
+
+
+def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``), else start a local one."""
+    _serve()
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 2,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+
+
+def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0) -> Any:
+    """The Serve application (an ``Application`` to pass to ``serve.run``)."""
+    serve = _serve()
+    from usg.scale.ray_replicas import FnReplica, ModelReplica
+    from usg.scale.ray_router import Router
+
+    used = {n.model for n in graph.nodes.values() if n.model is not None}
+    models = {
+        name: serve.deployment(ModelReplica)
+        .options(name=deployment_name("model", name), **model_options(graph, name))
+        .bind(graph.models[name])
+        for name in graph.models
+        if name in used
+    }
+    nodes = {
+        name: serve.deployment(FnReplica)
+        .options(name=deployment_name("node", name), **fn_options(graph, name))
+        .bind(graph.nodes[name])
+        for name in graph.deploy.own_nodes
+    }
+    ingress = serve.deployment(serve.ingress()(Router)).options(
+        name=deployment_name("router", ""), **router_options(graph, config.max_inflight)
+    )
+    return ingress.bind(graph, models, nodes, config, timeout_s)
+
+
+def deploy_graph(
+    graph: Graph,
+    config: ServeConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    timeout_s: float = 60.0,
+    route_prefix: str = "/",
+) -> str:
+    """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL."""
+    serve = _serve()
+    import ray
+
+    if not ray.is_initialized():
+        raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_ray_app(graph, config, timeout_s=timeout_s), name=graph.name, route_prefix=route_prefix)
+    return f"http://{host}:{port}{route_prefix.rstrip('/')}"

@@ -1,0 +1,59 @@
+"""The Ray Serve deployment options of a graph's model, Python node or router deployment.
+
+Derived from the graph: ``deploy:`` gives replicas, autoscaling and resources; a model's
+``batch:`` policy and ``options.concurrency`` give how many requests a replica must be
+allowed to hold (enough to fill ``concurrency`` batches of ``max_size``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from usg.graph.deploy import DeployPolicy
+from usg.graph.model import Graph
+
+__all__ = ["deployment_name", "fn_options", "model_options", "router_options"]
+
+_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def deployment_name(kind: str, name: str) -> str:
+    """``model-det``, ``node-lines``, ``router``: stable names Serve shows in its status."""
+    return f"{kind}-{_SAFE.sub('_', name)}" if name else kind
+
+
+def _options(policy: DeployPolicy, max_ongoing: int) -> dict[str, Any]:
+    actor: dict[str, Any] = {"num_cpus": policy.num_cpus if policy.num_cpus is not None else 0}
+    if policy.num_gpus:
+        actor["num_gpus"] = policy.num_gpus
+    opts: dict[str, Any] = {
+        "ray_actor_options": actor,
+        "max_ongoing_requests": policy.max_ongoing_requests or max_ongoing,
+    }
+    if policy.autoscaling:
+        lo = policy.min_replicas if policy.min_replicas is not None else 1
+        hi = policy.max_replicas if policy.max_replicas is not None else max(1, lo)
+        auto: dict[str, Any] = {"min_replicas": lo, "max_replicas": hi}
+        if policy.target_ongoing_requests is not None:
+            auto["target_ongoing_requests"] = policy.target_ongoing_requests
+        opts["autoscaling_config"] = auto
+    else:
+        opts["num_replicas"] = policy.num_replicas or 1
+    return opts
+
+
+def model_options(graph: Graph, model: str) -> dict[str, Any]:
+    m = graph.models[model]
+    concurrency = max(1, int(m.options.get("concurrency", 1)))
+    # a replica must hold enough requests to fill its concurrent batches, twice over
+    return _options(graph.deploy.model(model), max(16, 2 * m.batch.max_size * concurrency))
+
+
+def fn_options(graph: Graph, node: str) -> dict[str, Any]:
+    return _options(graph.deploy.node(node), 64)
+
+
+def router_options(graph: Graph, max_inflight: int) -> dict[str, Any]:
+    # the router's own in-flight gate answers 429 past max_inflight; Serve must not queue before it
+    return _options(graph.deploy.router, max_inflight + 16)

@@ -1,0 +1,76 @@
+"""What runs inside a model or Python-node deployment on Ray Serve.
+
+A model replica loads the same backend the in-process executor would
+(:func:`usg.backends.create_backend`) and batches calls with ``@serve.batch`` sized from the
+model's batch policy; a batch is split into shape-compatible groups and run by
+:func:`usg.runtime.batch_call.run_items` (padding and poison isolation as in-process). A
+node replica calls the node's Python function. Both return USG errors as values, so the
+router re-raises the original error type instead of a wrapped ``RayTaskError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from ray import serve
+
+from usg.backends import create_backend
+from usg.backends.python_fn import import_callable
+from usg.errors import BackendError, USGError
+from usg.graph.model import ModelDef, NodeDef
+from usg.runtime.batch_call import run_items
+from usg.runtime.runner import call_backend
+from usg.specs import TensorSpec
+
+__all__ = ["FnReplica", "ModelReplica"]
+
+
+class ModelReplica:
+    def __init__(self, model: ModelDef) -> None:
+        self.model = model
+        self.backend = create_backend(model)
+        self.backend.load()
+        self.batching = model.batch.enabled
+        if self.batching:
+            batched: Any = self._batched  # the @serve.batch wrapper, sized from the graph's policy
+            batched.set_max_batch_size(model.batch.max_size)
+            batched.set_batch_wait_timeout_s(model.batch.max_delay_ms / 1e3)
+        self._calls = asyncio.Semaphore(max(1, int(model.options.get("concurrency", 1))))
+
+    def specs(self) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
+        return dict(self.backend.input_specs), dict(self.backend.output_specs)
+
+    async def __call__(self, item: Mapping[str, Any]) -> dict[str, Any] | USGError:
+        if self.batching:
+            result: dict[str, Any] | USGError = await self._batched(item)
+            return result
+        async with self._calls:
+            try:
+                return await asyncio.to_thread(call_backend, self.backend, self.model.name, item)
+            except USGError as exc:
+                return exc
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def _batched(self, items: list[Mapping[str, Any]]) -> list[dict[str, Any] | BackendError]:
+        async with self._calls:
+            return await asyncio.to_thread(run_items, self.backend, self.model.name, items, self.model.batch.pad)
+
+
+class FnReplica:
+    def __init__(self, node: NodeDef) -> None:
+        assert node.fn is not None
+        self.node = node
+        self.func = import_callable(node.fn)
+
+    def _call(self, kwargs: Mapping[str, Any]) -> Any:
+        try:
+            return self.func(**kwargs)
+        except USGError as exc:
+            return exc
+        except Exception as exc:
+            return BackendError(f"node {self.node.name!r} (fn {self.node.fn}) raised {type(exc).__name__}: {exc}")
+
+    async def __call__(self, kwargs: Mapping[str, Any]) -> Any:
+        return await asyncio.to_thread(self._call, kwargs)

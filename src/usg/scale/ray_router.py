@@ -1,0 +1,47 @@
+"""The ingress deployment: the embedded server's HTTP app over an executor with remote models.
+
+Same routes as ``usg serve`` (``/v1/infer``, Open Inference Protocol v2, ``/metrics``), same
+admission (in-flight gate, body limit) and error bodies; the executor plans, prunes, fans out
+and gathers exactly as in-process, calling models (and Python nodes marked
+``own_deployment``) through their deployments' handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from usg.graph.model import Graph
+from usg.runtime import Executor
+from usg.scale.ray_remote import RayFn, RayModelBackend
+from usg.serve.app import ServeConfig, create_app
+
+__all__ = ["Router"]
+
+
+class Router:
+    def __init__(
+        self,
+        graph: Graph,
+        models: Mapping[str, Any],
+        nodes: Mapping[str, Any],
+        config: ServeConfig,
+        timeout_s: float,
+    ) -> None:
+        self.graph = graph
+        self.model_handles = dict(models)
+        self.node_handles = dict(nodes)
+        self.config = config
+        self.timeout_s = timeout_s
+
+    def __serve_build_asgi_app__(self) -> Any:
+        models = {m: RayModelBackend(m, h) for m, h in self.model_handles.items()}
+        nodes = {n: RayFn(n, h) for n, h in self.node_handles.items()}
+        executor = Executor(self.graph, backends=models, fns=nodes, timeout_s=self.timeout_s)
+        app = create_app(self.graph, executor=executor, config=self.config)
+        retry_counter = app.state.usg.metrics.remote_retry  # usg_remote_retries_total on /metrics
+        for backend in models.values():
+            backend.on_retry = retry_counter
+        for fn in nodes.values():
+            fn.on_retry = retry_counter
+        return app
