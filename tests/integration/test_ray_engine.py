@@ -108,8 +108,10 @@ def test_outputs_equal_the_in_process_executor(graph: Graph, ray_url: str, docum
         for req, exp in zip(requests, expected, strict=True):
             files = {"image": ("doc.png", req["image"], "image/png")} if "image" in req else None
             data = {"text": req["text"]} if "text" in req else None
-            r = client.post("/v1/infer", files=files, data=data) if files else client.post(
-                "/v1/infer", json={"inputs": {"text": req["text"]}}
+            r = (
+                client.post("/v1/infer", files=files, data=data)
+                if files
+                else client.post("/v1/infer", json={"inputs": {"text": req["text"]}})
             )
             assert r.status_code == 200, r.text
             body = r.json()
@@ -141,6 +143,24 @@ def test_open_inference_protocol_v2_is_the_same_api(graph: Graph, ray_url: str) 
         assert result.as_numpy("lines") is None  # the OCR branch was pruned
     finally:
         client.close()
+
+
+def test_model_deployments_batch_with_the_graph_policy(graph: Graph, ray_url: str, documents: list[np.ndarray]) -> None:
+    """Concurrent requests put several crops into one cls / rec call (@serve.batch sized from batch:)."""
+    images = [_png(d) for d in documents]
+
+    def one(i: int) -> int:
+        with httpx.Client(base_url=ray_url, timeout=120) as c:
+            return c.post("/v1/infer", files={"image": ("d.png", images[i % len(images)], "image/png")}).status_code
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        assert set(pool.map(one, range(8))) == {200}
+    cls = serve.get_deployment_handle("model-cls", app_name=graph.name)
+    stats = cls.stats.remote().result()
+    assert stats["items"] > stats["calls"] > 0, stats  # crops shared calls
+    assert graph.models["cls"].batch.max_size == 16
 
 
 def _replica_actors(deployment: str) -> list[str]:

@@ -30,8 +30,6 @@ def serve_on_ray(
     def on_signal(sig: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     with err_console.status("starting Ray"):
         connect_ray(ray_address)
     from ray import serve
@@ -41,6 +39,9 @@ def serve_on_ray(
         url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout)
     deployments = sorted(serve.status().applications[graph.name].deployments)
     err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
+    # installed after ray.init, which sets its own SIGTERM handler (it would kill us uncleanly)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     stop.wait()
     err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
     if ray_address or os.environ.get("RAY_ADDRESS"):

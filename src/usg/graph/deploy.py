@@ -107,9 +107,7 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool) 
         if kind is int and ok and int(value) != value:
             ok = False
         if not ok:
-            problems.append(
-                GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a {kind.__name__} ≥ {minimum}")
-            )
+            problems.append(GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a {kind.__name__} ≥ {minimum}"))
             continue
         values[key] = kind(value)
     if "own_deployment" in data:
@@ -183,7 +181,5 @@ def parse_deploy(
     router = _policy("deploy.router", data.get("router") or {}, problems, node=False)
     model_policies = _named("deploy.models", data.get("models"), models, "a model", problems, node=False)
     fn_nodes = {n: d for n, d in nodes.items() if getattr(d, "fn", None) is not None}
-    node_policies = _named(
-        "deploy.nodes", data.get("nodes"), fn_nodes, "a Python (fn:) node", problems, node=True
-    )
+    node_policies = _named("deploy.nodes", data.get("nodes"), fn_nodes, "a Python (fn:) node", problems, node=True)
     return DeploySpec(router, model_policies, node_policies), problems

@@ -22,15 +22,15 @@ __all__ = ["run_items"]
 
 def run_items(
     backend: Backend, model: str, items: Sequence[Mapping[str, Any]], pad: PadPolicy | None
-) -> list[dict[str, Any] | BackendError]:
-    """Per item, its outputs or the BackendError that item alone caused (in input order)."""
+) -> tuple[list[dict[str, Any] | BackendError], int]:
+    """Per item, its outputs or the BackendError that item alone caused (in input order), and
+    the number of backend calls made."""
     results: list[dict[str, Any] | BackendError] = [BackendError(f"model {model!r}: item not run")] * len(items)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i in sorted(range(len(items)), key=lambda i: item_length(items[i], pad)):
         groups.setdefault(group_key(items[i], pad), []).append(i)
-    for idx in groups.values():
-        _run(backend, model, items, idx, pad, results)
-    return results
+    calls = sum(_run(backend, model, items, idx, pad, results) for idx in groups.values())
+    return results, calls
 
 
 def _run(
@@ -40,7 +40,7 @@ def _run(
     idx: list[int],
     pad: PadPolicy | None,
     results: list[dict[str, Any] | BackendError],
-) -> None:
+) -> int:
     chosen = [items[i] for i in idx]
     try:
         inputs, _, _ = assemble(chosen, pad)
@@ -48,10 +48,13 @@ def _run(
     except Exception as exc:
         if len(idx) == 1:
             results[idx[0]] = exc if isinstance(exc, BackendError) else BackendError(f"model {model!r}: {exc}")
-            return
+            return 1
         mid = len(idx) // 2
-        _run(backend, model, items, idx[:mid], pad, results)
-        _run(backend, model, items, idx[mid:], pad, results)
-        return
+        return (
+            1
+            + _run(backend, model, items, idx[:mid], pad, results)
+            + _run(backend, model, items, idx[mid:], pad, results)
+        )
     for i, part in zip(idx, parts, strict=True):
         results[i] = part
+    return 1

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from usg.backends import Backend, create_backend
 from usg.backends.python_fn import accepted_params, import_callable
-from usg.errors import BackendError, RequestTimeout, StateError, USGError
+from usg.errors import BackendError, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import Graph, NodeDef
 from usg.runtime.contract import check_model_inputs
 from usg.runtime.inputs import normalize_inputs
@@ -99,6 +99,12 @@ class Executor:
         self._pool = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="usg-worker")
         self._fns: dict[str, Any] = {}
         self._fn_overrides = dict(fns or {})
+        unknown = sorted(n for n in self._fn_overrides if n not in graph.nodes or graph.nodes[n].fn is None)
+        if unknown:
+            fn_nodes = sorted(n for n, d in graph.nodes.items() if d.fn is not None)
+            raise UsageError(
+                f"fns= names {unknown}, which are not Python nodes of graph {graph.name!r}; fix: use {fn_nodes}"
+            )
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}

@@ -38,6 +38,12 @@ class ModelReplica:
             batched.set_max_batch_size(model.batch.max_size)
             batched.set_batch_wait_timeout_s(model.batch.max_delay_ms / 1e3)
         self._calls = asyncio.Semaphore(max(1, int(model.options.get("concurrency", 1))))
+        self._items = 0
+        self._backend_calls = 0
+
+    def stats(self) -> dict[str, int]:
+        """Items this replica ran and backend calls it made (items / calls = mean batch size)."""
+        return {"items": self._items, "calls": self._backend_calls}
 
     def specs(self) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
         return dict(self.backend.input_specs), dict(self.backend.output_specs)
@@ -47,6 +53,8 @@ class ModelReplica:
             result: dict[str, Any] | USGError = await self._batched(item)
             return result
         async with self._calls:
+            self._items += 1
+            self._backend_calls += 1
             try:
                 return await asyncio.to_thread(call_backend, self.backend, self.model.name, item)
             except USGError as exc:
@@ -55,7 +63,12 @@ class ModelReplica:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def _batched(self, items: list[Mapping[str, Any]]) -> list[dict[str, Any] | BackendError]:
         async with self._calls:
-            return await asyncio.to_thread(run_items, self.backend, self.model.name, items, self.model.batch.pad)
+            results, calls = await asyncio.to_thread(
+                run_items, self.backend, self.model.name, items, self.model.batch.pad
+            )
+        self._items += len(items)
+        self._backend_calls += calls
+        return results
 
 
 class FnReplica:

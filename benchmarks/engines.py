@@ -1,0 +1,116 @@
+"""Embedded vs Ray Serve engine: the same graph behind `usg serve`, the same client load.
+
+Starts `usg serve GRAPH` (embedded) and `usg serve GRAPH --engine ray` (a local Ray on this
+machine) one after the other on a free 127.0.0.1 port, runs `usg bench URL` against each
+(closed loop, the same clients and duration), alternating the order over rounds, and prints
+requests/s, p50/p95 and the ratio ray / embedded per round. On one machine the Ray engine
+pays a process hop per model call; this measures what that costs before you need it.
+
+Run: python benchmarks/engines.py [--concurrency 8] [--duration 20] [--rounds 2] [--graph PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+USG = Path(sys.executable).parent / "usg"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+    port = _free_port()
+    log = Path(tempfile.gettempdir()) / f"usg-engines-{engine}-{port}.log"
+    with log.open("wb") as fh:
+        server = subprocess.Popen(
+            [str(USG), "serve", str(graph), "--engine", engine, "--port", str(port), "--max-inflight", "256"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{engine} server did not become ready; see {log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        out = subprocess.run(
+            [
+                str(USG),
+                "bench",
+                f"http://127.0.0.1:{port}",
+                "--graph",
+                str(graph),
+                "-c",
+                str(concurrency),
+                "--duration",
+                str(duration),
+                "--warmup",
+                str(warmup),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result: dict[str, Any] = json.loads(out.stdout)["results"][0]
+        return result
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graph", type=Path, default=ROOT / "examples" / "document_ocr" / "graph.yaml")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
+    print(f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6}")
+    ratios = []
+    for r in range(1, args.rounds + 1):
+        order = ["embedded", "ray"] if r % 2 else ["ray", "embedded"]
+        got = {}
+        for engine in order:
+            res = _measure(engine, args.graph, args.concurrency, args.duration, args.warmup)
+            got[engine] = res
+            print(
+                f"{r:>5} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} {res['p95_ms']:>8.0f} "
+                f"{res['errors']:>6}"
+            )
+        ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
+        ratios.append(ratio)
+        print(f"{r:>5} ray / embedded throughput = {ratio:.2f}x")
+    ratios.sort()
+    print(f"median ray / embedded over {len(ratios)} round(s): {ratios[len(ratios) // 2]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
