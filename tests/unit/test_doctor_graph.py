@@ -136,3 +136,23 @@ def test_graph_models_get_the_onnx_checks_once(tmp_path: Path) -> None:
     fs = run_doctor([path, tmp_path / "relu.onnx"]).findings
     assert codes(fs) == ["ONNX008"]
     assert fs[0].location.file.endswith("relu.onnx") and fs[0].evidence["batch"] == 1
+
+
+def test_deploy_that_cannot_fill_a_batch_is_flagged(tmp_path: Path, model_file: Path) -> None:
+    text = GOOD.replace(
+        "relu: {backend: onnxruntime, path: relu.onnx}",
+        "relu: {backend: onnxruntime, path: relu.onnx, batch: {max_size: 8}, options: {concurrency: 2}}",
+    )
+    ok = text + "deploy:\n  models:\n    relu: {num_replicas: 2}\n"
+    assert run_doctor([graph(tmp_path, ok)]).findings == []
+    tight = text + "deploy:\n  models:\n    relu: {num_replicas: 2, max_ongoing_requests: 4}\n"
+    (f,) = run_doctor([graph(tmp_path, tight)]).findings
+    assert f.code == "GRAPH010" and f.severity.value == "warning"
+    assert "max_ongoing_requests 4 < batch max_size 8 × concurrency 2" in f.message
+    assert (
+        "at least 16" in f.fix
+        and f.location.line == tight.splitlines().index("    relu: {num_replicas: 2, max_ongoing_requests: 4}") + 1
+    )
+    bad = text + "deploy:\n  models:\n    rleu: {num_replicas: 2}\n"
+    (g,) = run_doctor([graph(tmp_path, bad)]).findings
+    assert g.code == "GRAPH002" and "did you mean 'relu'" in g.fix

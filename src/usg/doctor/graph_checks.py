@@ -85,6 +85,14 @@ C_BATCH = CodeInfo(
     "invalid batching policy",
     "A model's batch/pad policy is inconsistent (sizes, axes, multiples, buckets).",
 )
+C_DEPLOY = CodeInfo(
+    "GRAPH010",
+    W,
+    RootCause.BATCH_DIM_CONFIG,
+    "deploy: a replica cannot fill its batches",
+    "A model's deploy max_ongoing_requests is below its batch max_size × options.concurrency, so a "
+    "Ray Serve replica never holds enough requests to fill its batches (the batch policy is moot).",
+)
 C_CONTRACT = CodeInfo(
     "GRAPH020",
     E,
@@ -216,6 +224,37 @@ def check_graph_models(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         p = model.path
         if model.backend == "onnxruntime" and p is not None and Path(p).suffix == ".onnx" and Path(p).is_file():
             yield from check_target(Target("onnx", Path(p)), ctx)
+
+
+@check("graph", codes=[C_DEPLOY])
+def check_graph_deploy(path: Path, ctx: CheckContext) -> Iterator[Finding]:
+    """The deploy: section against the batch policies it must serve (Ray engine)."""
+    built = _built(path, ctx)
+    if built.graph is None:
+        return
+    for name, policy in built.graph.deploy.models.items():
+        model = built.graph.models[name]
+        need = model.batch.max_size * max(1, int(model.options.get("concurrency", 1)))
+        cap = policy.max_ongoing_requests
+        if cap is not None and model.batch.enabled and cap < need:
+            yield Finding(
+                code=C_DEPLOY.code,
+                severity=C_DEPLOY.severity,
+                root_cause=C_DEPLOY.root_cause,
+                message=(
+                    f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {model.batch.max_size} "
+                    f"× concurrency {need // model.batch.max_size}; batches of {model.batch.max_size} can never form"
+                ),
+                location=Location(
+                    str(path),
+                    f"deploy.models.{name}.max_ongoing_requests",
+                    line_for(built.text, f"deploy.models.{name}.max_ongoing_requests") if built.text else None,
+                    None,
+                ),
+                fix=f"raise max_ongoing_requests to at least {need} (or drop it: the default is {max(16, 2 * need)}), "
+                "or lower batch.max_size",
+                evidence={"max_ongoing_requests": cap, "max_size": model.batch.max_size, "needed": need},
+            )
 
 
 def sample_inputs(graph: Any) -> dict[str, Any]:

@@ -21,11 +21,21 @@ from usg.serve.app import ServeConfig
 __all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
 
 
+_MIN_RAY = (2, 60)
+
+
 def _serve() -> Any:
     try:
+        import ray
         from ray import serve
     except ImportError:
         raise MissingDependency("ray", "ray", "usg serve --engine ray") from None
+    version = tuple(int(p) for p in ray.__version__.split(".")[:2] if p.isdigit())
+    if version < _MIN_RAY:
+        raise UsageError(
+            f"usg serve --engine ray needs ray>={_MIN_RAY[0]}.{_MIN_RAY[1]}, installed is {ray.__version__}; "
+            "fix: pip install -U 'usg[ray]'"
+        )
     return serve
 
 
