@@ -74,6 +74,13 @@ def test_deploy_problems_are_all_reported_with_fixes() -> None:
     assert "deploy.nodes.split.max_replicas" in text
 
 
+def test_a_model_can_stay_in_the_router_but_then_has_no_replicas_of_its_own() -> None:
+    g = builder({"models": {"m": {"own_deployment": False}}}).build()
+    assert g.deploy.router_models == ["m"] and g.deploy.own_nodes == []
+    with pytest.raises(GraphError, match="num_replicas set, but own_deployment is false"):
+        builder({"models": {"m": {"own_deployment": False, "num_replicas": 2}}}).build()
+
+
 def test_min_above_max_and_target_without_autoscaling_are_refused() -> None:
     with pytest.raises(GraphError, match="min_replicas 3 > max_replicas 2"):
         builder({"models": {"m": {"min_replicas": 3, "max_replicas": 2}}}).build()

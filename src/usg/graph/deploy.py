@@ -8,10 +8,11 @@ the in-process executor ignores it. In YAML::
       models:
         det: {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 4, num_cpus: 1}
         rec: {num_replicas: 2}
+        tokenizer: {own_deployment: false}            # a cheap model loaded in the router
       nodes:
         lines: {own_deployment: true}                 # a Python node in its own deployment
 
-Unlisted models get one replica; unlisted Python nodes run inside the router.
+Unlisted models get a deployment of one replica; unlisted Python nodes run inside the router.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class DeployPolicy:
     max_ongoing_requests: int | None = None
     num_cpus: float | None = None
     num_gpus: float = 0.0
-    own_deployment: bool = False  # Python nodes only: run in a deployment of their own
+    # None: the kind's default (models get a deployment, Python nodes run in the router)
+    own_deployment: bool | None = None
 
     @property
     def autoscaling(self) -> bool:
@@ -77,14 +79,21 @@ class DeploySpec:
 
     @property
     def own_nodes(self) -> list[str]:
+        """Python nodes that run in a deployment of their own."""
         return [n for n, p in self.nodes.items() if p.own_deployment]
 
+    @property
+    def router_models(self) -> list[str]:
+        """Models loaded (and batched) inside the router instead of a deployment of their own."""
+        return [m for m, p in self.models.items() if p.own_deployment is False]
 
-def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool) -> DeployPolicy:
+
+def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool | None) -> DeployPolicy:
+    """``node``: True for a Python node, False for a model, None for the router."""
     if not isinstance(data, Mapping):
         problems.append(GraphProblem(where, f"expected a mapping, got {data!r}", "write NAME: {num_replicas: N}"))
         return DeployPolicy()
-    allowed = _POLICY_KEYS if node else _POLICY_KEYS - {"own_deployment"}
+    allowed = _POLICY_KEYS if node is not None else _POLICY_KEYS - {"own_deployment"}
     for key in data:
         if key not in allowed:
             problems.append(
@@ -117,6 +126,15 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool) 
             value = data["own_deployment"]
             problems.append(GraphProblem(f"{where}.own_deployment", f"own_deployment is {value!r}", "use true/false"))
     policy = DeployPolicy(**values)
+    scaling = sorted(set(values) - {"own_deployment"})
+    if policy.own_deployment is False and scaling:
+        problems.append(
+            GraphProblem(
+                where,
+                f"{', '.join(scaling)} set, but own_deployment is false (it runs inside the router)",
+                "scale it through deploy.router, or drop own_deployment: false",
+            )
+        )
     if policy.num_replicas is not None and policy.autoscaling:
         problems.append(
             GraphProblem(
@@ -142,7 +160,7 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool) 
 
 
 def _named(
-    section: str, data: Any, known: Mapping[str, Any], what: str, problems: list[GraphProblem], *, node: bool
+    section: str, data: Any, known: Mapping[str, Any], what: str, problems: list[GraphProblem], *, node: bool | None
 ) -> dict[str, DeployPolicy]:
     if data is None:
         return {}
@@ -178,7 +196,7 @@ def parse_deploy(
             problems.append(
                 GraphProblem(f"deploy.{key}", f"unknown key {key!r}", f"use one of: {', '.join(sorted(_TOP_KEYS))}")
             )
-    router = _policy("deploy.router", data.get("router") or {}, problems, node=False)
+    router = _policy("deploy.router", data.get("router") or {}, problems, node=None)
     model_policies = _named("deploy.models", data.get("models"), models, "a model", problems, node=False)
     fn_nodes = {n: d for n, d in nodes.items() if getattr(d, "fn", None) is not None}
     node_policies = _named("deploy.nodes", data.get("nodes"), fn_nodes, "a Python (fn:) node", problems, node=True)

@@ -1,6 +1,7 @@
 """Build and run a graph as a Ray Serve application.
 
-One deployment per model (``model-NAME``), one per Python node marked
+One deployment per model (``model-NAME``; a model marked ``own_deployment: false`` is loaded
+and batched inside the router instead), one per Python node marked
 ``deploy: {nodes: {NAME: {own_deployment: true}}}`` (``node-NAME``), and the ``router``
 ingress that serves the HTTP API. Model files are loaded by the replicas, so on a
 multi-node cluster every node must see them at the same path (shared file system or the
@@ -64,7 +65,7 @@ def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0)
     from usg.scale.ray_replicas import FnReplica, ModelReplica
     from usg.scale.ray_router import Router
 
-    used = {n.model for n in graph.nodes.values() if n.model is not None}
+    used = {n.model for n in graph.nodes.values() if n.model is not None} - set(graph.deploy.router_models)
     models = {
         name: serve.deployment(ModelReplica)
         .options(name=deployment_name("model", name), **model_options(graph, name))

@@ -3,7 +3,8 @@
 Same routes as ``usg serve`` (``/v1/infer``, Open Inference Protocol v2, ``/metrics``), same
 admission (in-flight gate, body limit) and error bodies; the executor plans, prunes, fans out
 and gathers exactly as in-process, calling models (and Python nodes marked
-``own_deployment``) through their deployments' handles.
+``own_deployment``) through their deployments' handles. Models marked ``own_deployment: false``
+are loaded and batched in the router like in-process (no handle: the executor creates them).
 """
 
 from __future__ import annotations
