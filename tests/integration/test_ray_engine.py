@@ -54,6 +54,7 @@ def graph() -> Graph:
         models={
             "det": DeployPolicy(num_replicas=2),
             "rec": DeployPolicy(num_replicas=2),
+            "cls": DeployPolicy(min_replicas=1, max_replicas=2, target_ongoing_requests=4),  # Serve accepts it
             "tokenizer": DeployPolicy(own_deployment=False),  # loaded in the router: no hop for a cheap model
         },
         nodes={"lines": DeployPolicy(own_deployment=True)},

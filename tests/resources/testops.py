@@ -59,3 +59,14 @@ def to_rec(x: np.ndarray) -> dict[str, Any]:
 
     img = cv2.resize(x[0].transpose(1, 2, 0), (200, 48))
     return {"x": np.ascontiguousarray(((img - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32))}
+
+
+@op(inputs={"x": TensorSpec("float32", (1, None))}, outputs={"y": TensorSpec("float32", (1, None))})
+def negate(x: np.ndarray) -> dict[str, Any]:
+    """A tensor-in, tensor-out node (an ensemble step when exported to Triton)."""
+    return {"y": -x}
+
+
+@op(outputs={"n": TensorSpec("float32", (1, 1))})
+def text_length(text: str, *, scale: float = 1.0) -> dict[str, Any]:
+    return {"n": np.array([[len(text) * scale]], dtype=np.float32)}

@@ -336,3 +336,32 @@ def test_ensemble_max_batch_size_above_step(tmp_path: Path) -> None:
     step(tmp_path, "b")
     f = only(triton_findings(ensemble(tmp_path, two_steps(), mbs=8)), "TRITON037")
     assert f.evidence["step_max_batch_size"] == 4 and f.evidence["ensemble_max_batch_size"] == 8
+
+
+def full_shape_ensemble(repo: Path, out_dims: str, mbs: int = 0) -> Path:
+    """RAW -> a -> b -> RESULT with the ensemble's output dims chosen by the test."""
+    cfg = f"""
+name: "pipe"
+platform: "ensemble"
+max_batch_size: {mbs}
+input [ {{ name: "RAW" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "RESULT" data_type: TYPE_FP32 dims: [ {out_dims} ] }} ]
+ensemble_scheduling {{ step [ {two_steps()} ] }}
+"""
+    return write_model(repo, "pipe", cfg, {"1": None})
+
+
+def test_ensemble_tensors_between_batching_and_non_batching_models_compare_full_shapes(tmp_path: Path) -> None:
+    # Triton accepts dims [4] of a batching step (full shape [-1, 4]) for a non-batching
+    # ensemble's [-1, 4] (its ensemble scheduler turns the first dim into the batch dim)
+    step(tmp_path, "a")
+    step(tmp_path, "b", out_dims="4")
+    assert triton_findings(full_shape_ensemble(tmp_path, "-1, 4")) == []
+    s = only(triton_findings(full_shape_ensemble(tmp_path, "-1, 5")), "TRITON036")
+    assert (s.evidence["producer_full_shape"], s.evidence["consumer_full_shape"]) == ([-1, 4], [-1, 5])
+
+
+def test_a_batching_ensemble_may_hold_a_non_batching_step(tmp_path: Path) -> None:
+    step(tmp_path, "a", mbs=0)
+    step(tmp_path, "b")
+    assert "TRITON037" not in {f.code for f in triton_findings(ensemble(tmp_path, two_steps(), mbs=8))}

@@ -22,7 +22,7 @@ from usg.errors import GraphError, UsageError, USGError
 _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("usg.cli.run_cmd:run", "Push inputs through a graph and print its outputs."),
     "graph": ("usg.cli.graph_cmd:graph", "Inspect a graph: nodes, edges, specs, pruning."),
-    "export": ("usg.cli.export_cmd:export", "Export models to ONNX (e.g. a Hugging Face text encoder)."),
+    "export": ("usg.cli.export_cmd:export", "Export models to ONNX, or a graph to a Triton model repository."),
     "serve": ("usg.cli.serve_cmd:serve", "Serve a graph over HTTP (JSON/multipart and Open Inference v2)."),
     "doctor": ("usg.cli.doctor_cmd:doctor", "Check ONNX models, Triton repositories, graphs, logs."),
     "plan": ("usg.cli.plan_cmd:plan", "Size weights, KV cache and engine limits for LLM/VLM serving."),

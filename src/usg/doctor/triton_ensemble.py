@@ -68,14 +68,16 @@ C_SHAPE = CodeInfo(
     E,
     RootCause.SHAPE_OR_RANK,
     "ensemble shape mismatch",
-    "The producer of a tensor and its consumer declare incompatible dims.",
+    "The producer of a tensor and its consumer declare incompatible dims, both as declared and as full "
+    "shapes (with the batch dim of a model whose max_batch_size > 0), as Triton compares them.",
 )
 C_MBS = CodeInfo(
     "TRITON037",
     E,
     RootCause.BATCH_DIM_CONFIG,
     "ensemble max_batch_size above a step's",
-    "The ensemble's max_batch_size must be <= every step model's max_batch_size.",
+    "The ensemble's max_batch_size must be <= the max_batch_size of every batching step model "
+    "(a step with max_batch_size 0 takes full shapes instead).",
 )
 C_UNUSED = CodeInfo(
     "TRITON038",
@@ -93,6 +95,12 @@ class _Tensor:
     owner: str  # "ensemble input", "step 0 (det) output 'y'"...
     dtype: str
     dims: list[int]
+    batching: bool = False  # the declaring model has max_batch_size > 0
+
+    @property
+    def full(self) -> list[int]:
+        """The shape with the batch dim, as Triton's ensemble scheduler passes the tensor on."""
+        return [-1, *self.dims] if self.batching else self.dims
 
 
 def _decl(tensors: Any) -> dict[str, Any]:
@@ -101,6 +109,11 @@ def _decl(tensors: Any) -> dict[str, Any]:
 
 def _dims(t: Any) -> list[int]:
     return list(t.dims)
+
+
+def _own_dims(t: Any) -> list[int]:
+    """An ensemble's own input/output: Triton reads its reshape.shape when it has one."""
+    return list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
 
 
 def _compatible(a: list[int], b: list[int]) -> bool:
@@ -126,7 +139,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
     mbs = int(c.max_batch_size)
     producers: dict[str, _Tensor] = {}
     for t in c.input:
-        producers[t.name] = _Tensor("ensemble input", dtype_name(t.data_type), _dims(t))
+        producers[t.name] = _Tensor("ensemble input", dtype_name(t.data_type), _own_dims(t), mbs > 0)
     step_models: list[TritonModel | None] = []
     for i, step in enumerate(steps):
         line = m.line_of(rf'model_name\s*:\s*"{step.model_name}"')
@@ -150,7 +163,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
             continue
         step_models.append(sub)
         sub_mbs = int(sub.config.max_batch_size)
-        if mbs > 0 and sub_mbs < mbs:
+        if mbs > 0 and 0 < sub_mbs < mbs:
             yield tf(
                 C_MBS,
                 m,
@@ -191,7 +204,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                     producers=[producers[tensor].owner, owner],
                 )
                 continue
-            producers[tensor] = _Tensor(owner, dtype_name(outs[key].data_type), _dims(outs[key]))
+            producers[tensor] = _Tensor(owner, dtype_name(outs[key].data_type), _dims(outs[key]), sub_mbs > 0)
     consumed: set[str] = set()
     edges: dict[int, set[int]] = {i: set() for i in range(len(steps))}
     produced_by_step = {t: i for i, s in enumerate(steps) for t in s.output_map.values()}
@@ -244,6 +257,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                     f"step {i} ({step.model_name}) input {key!r}",
                     dtype_name(ins[key].data_type),
                     _dims(ins[key]),
+                    int(sub.config.max_batch_size) > 0,
                 ),
             )
         unmapped = sorted(k for k, t in ins.items() if k not in step.input_map and not t.optional)
@@ -277,7 +291,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                 m.line_of_tensor(t.name),
                 t.name,
                 prod,
-                _Tensor("ensemble output", dtype_name(t.data_type), _dims(t)),
+                _Tensor("ensemble output", dtype_name(t.data_type), _own_dims(t), mbs > 0),
             )
     for t in c.input:
         if t.name not in consumed:
@@ -319,12 +333,14 @@ def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor
             consumer=cons.owner,
             consumer_dtype=cons.dtype,
         )
-    if not _compatible(prod.dims, cons.dims):
+    if not _compatible(prod.dims, cons.dims) and not _compatible(prod.full, cons.full):
         yield tf(
             C_SHAPE,
             m,
-            f"tensor {tensor!r}: {prod.owner} has dims {prod.dims} but {cons.owner} expects {cons.dims}",
-            "make the dims agree (use -1 for variable dims)",
+            f"tensor {tensor!r}: {prod.owner} has dims {prod.dims} (full shape {prod.full}) but "
+            f"{cons.owner} expects {cons.dims} (full shape {cons.full})",
+            "make the dims, or the full shapes, agree (use -1 for variable dims; a model with "
+            "max_batch_size > 0 adds a leading batch dim to its full shape)",
             element=el,
             line=line,
             tensor=tensor,
@@ -332,6 +348,8 @@ def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor
             producer_dims=prod.dims,
             consumer=cons.owner,
             consumer_dims=cons.dims,
+            producer_full_shape=prod.full,
+            consumer_full_shape=cons.full,
         )
 
 
