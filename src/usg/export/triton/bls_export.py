@@ -18,6 +18,7 @@ from usg.export.triton.configs import Batching, instances_for, make_config
 from usg.export.triton.plan import TEXT_WIRE, ExportPlan, real_port
 from usg.export.triton.tensors import TritonTensor, Wire, declare, spec_wire
 from usg.graph import Graph, Ref
+from usg.graph.dump import graph_to_mapping
 from usg.ops.signature import signature_of
 from usg.specs import Modality, TensorSpec
 
@@ -77,45 +78,15 @@ def bls_config(graph: Graph, plan: ExportPlan, item_axis: Mapping[str, list[str]
     )
 
 
-def _spec(spec: TensorSpec) -> dict[str, Any]:
-    return spec.to_dict()
-
-
 def graph_document(graph: Graph, model_paths: Mapping[str, str]) -> dict[str, Any]:
-    """The graph as the mapping its YAML file would hold, with ``model_paths`` replacing model paths."""
-    inputs: dict[str, Any] = {}
-    for name, d in graph.inputs.items():
-        entry: dict[str, Any] = {"modality": d.modality.value}
-        if d.spec is not None:
-            entry.update(_spec(d.spec))
-        if d.optional:
-            entry["optional"] = True
-        inputs[name] = entry
-    models: dict[str, Any] = {}
-    for name, m in graph.models.items():
-        model: dict[str, Any] = {"backend": m.backend}
-        path = model_paths.get(name) or (str(m.path) if m.path is not None else None)
-        if path is not None:
-            model["path"] = path
-        if m.options:
-            model["options"] = dict(m.options)
-        if m.input_specs:
-            model["inputs"] = {p: _spec(s) for p, s in m.input_specs.items()}
-        models[name] = model
-    nodes: dict[str, Any] = {}
-    for name in graph.order:
-        n = graph.nodes[name]
-        node: dict[str, Any] = {"model": n.model} if n.model is not None else {"fn": n.fn}
-        node["inputs"] = {p: str(r) for p, r in n.inputs.items()}
-        if n.map:
-            node["map"] = list(n.map)
-        if n.options:
-            node["options"] = dict(n.options)
-        nodes[name] = node
-    doc: dict[str, Any] = {"name": graph.name, "inputs": inputs, "models": models, "nodes": nodes}
-    doc["outputs"] = {o: str(r) for o, r in graph.outputs.items()}
-    if graph.limits:
-        doc["limits"] = dict(graph.limits)
+    """The graph's mapping (:func:`usg.graph.dump.graph_to_mapping`) as the BLS model runs it:
+    exported models' paths pointing into the repository, no ``export:`` recipes (the files
+    exist), no ``batch:`` policies (Triton batches) and no ``deploy:`` (Triton's instance groups)."""
+    doc = graph_to_mapping(graph, model_paths=model_paths)
+    for model in doc["models"].values():
+        model.pop("export", None)
+        model.pop("batch", None)
+    doc.pop("deploy", None)
     return doc
 
 
