@@ -15,7 +15,7 @@ from typing import Any
 
 from usg.specs import TensorSpec
 
-__all__ = ["Backend", "BackendState"]
+__all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
 
 
 class BackendState(enum.StrEnum):
@@ -77,3 +77,22 @@ class Backend(abc.ABC):
     @property
     def description(self) -> str:
         return self.kind
+
+
+class DeclaredSpecsBackend(Backend):
+    """A backend whose contracts are given to it (or set by :meth:`load`) rather than read from a file."""
+
+    def __init__(
+        self, input_specs: Mapping[str, TensorSpec] | None = None, output_specs: Mapping[str, TensorSpec] | None = None
+    ) -> None:
+        super().__init__()
+        self._in: dict[str, TensorSpec] = dict(input_specs or {})
+        self._out: dict[str, TensorSpec] = dict(output_specs or {})
+
+    @property
+    def input_specs(self) -> Mapping[str, TensorSpec]:
+        return self._in
+
+    @property
+    def output_specs(self) -> Mapping[str, TensorSpec]:
+        return self._out

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from usg.backends.base import Backend
+from usg.backends.base import DeclaredSpecsBackend
 from usg.specs import TensorSpec
 
 __all__ = ["PythonBackend", "import_callable"]
@@ -55,7 +55,7 @@ def accepted_params(func: Callable[..., Any]) -> tuple[set[str], bool]:
     return names, var_kw
 
 
-class PythonBackend(Backend):
+class PythonBackend(DeclaredSpecsBackend):
     """A model implemented by a Python callable taking and returning dicts of batched arrays."""
 
     kind = "python"
@@ -66,18 +66,8 @@ class PythonBackend(Backend):
         input_specs: Mapping[str, TensorSpec] | None = None,
         output_specs: Mapping[str, TensorSpec] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(input_specs, output_specs)
         self._func = func
-        self._in = dict(input_specs or {})
-        self._out = dict(output_specs or {})
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self._in
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self._out
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         return self._func(inputs)

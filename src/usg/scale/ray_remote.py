@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from usg.backends.base import Backend, BackendState
+from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import ReplicaUnavailable, USGError
-from usg.specs import TensorSpec
 
 __all__ = ["RayFn", "RayModelBackend", "replica_failure_types"]
 
@@ -65,28 +64,18 @@ def _give_up(what: str, attempts: int, exc: BaseException) -> ReplicaUnavailable
     )
 
 
-class RayModelBackend(Backend):
+class RayModelBackend(DeclaredSpecsBackend):
     """A graph model served by a Ray Serve deployment (``ModelReplica``)."""
 
     kind = "ray-serve"
     remote = True
 
     def __init__(self, model: str, handle: Any, on_retry: Callable[[str], None] | None = None) -> None:
-        super().__init__()
+        super().__init__()  # the contracts come from the deployment at load()
         self.model = model
         self.handle = handle
         self.on_retry = on_retry
-        self._in: dict[str, TensorSpec] = {}
-        self._out: dict[str, TensorSpec] = {}
         self._failures = replica_failure_types()
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self._in
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self._out
 
     def load(self) -> None:
         """Ask the deployment for its model's contracts (called in a worker thread at start)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from usg.backends.base import Backend
+from usg.backends.base import Backend, DeclaredSpecsBackend
 from usg.errors import BackendError
 from usg.export.triton.python_models import TritonModelBase, pb_utils
 from usg.export.triton.wire import add_item_axis, drop_item_axis, text_value, to_wire, triton_dtype
@@ -32,7 +32,7 @@ __all__ = ["GraphModel", "TritonBLSBackend"]
 _BLS_THREADS = 32
 
 
-class TritonBLSBackend(Backend):
+class TritonBLSBackend(DeclaredSpecsBackend):
     """A model served by the same Triton server, called with a BLS request per item.
 
     Remote: the executor awaits :meth:`ainfer` without a local concurrency cap, so the items of a
@@ -51,20 +51,10 @@ class TritonBLSBackend(Backend):
         item_axis: Sequence[str] = (),
         pool: ThreadPoolExecutor | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(input_specs, output_specs)
         self.triton_model = triton_model
-        self._in = dict(input_specs)
-        self._out = dict(output_specs)
         self.item_axis = tuple(item_axis)
         self._pool = pool
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self._in
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self._out
 
     @property
     def description(self) -> str:
