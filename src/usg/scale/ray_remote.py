@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
@@ -56,12 +56,43 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _give_up(what: str, attempts: int, exc: BaseException) -> ReplicaUnavailable:
-    return ReplicaUnavailable(
-        f"{what}: its Ray Serve replicas failed {attempts} call(s) in a row "
-        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-        "fix: retry the request; check `serve status` and the replica logs (out of memory? crash?)"
-    )
+class _Retry:
+    """Retry a call whose replica failed, backing off, for the retry window; then ReplicaUnavailable."""
+
+    def __init__(self, what: str, target: str) -> None:
+        self.what = what  # "model 'det'", for messages
+        self.target = target  # "model-det", the deployment, for the retries counter
+        self.on_retry: Callable[[str], None] | None = None
+        self.failures = replica_failure_types()
+
+    def _failed(self, exc: BaseException, attempts: int, pause: float | None) -> float:
+        if pause is None:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise ReplicaUnavailable(
+                f"{self.what}: its Ray Serve replicas failed {attempts} call(s) in a row "
+                f"({type(exc).__name__}: {first}); "
+                "fix: retry the request; check `serve status` and the replica logs (out of memory? crash?)"
+            ) from exc
+        log.warning("%s: replica call failed (%s); retry %d", self.what, type(exc).__name__, attempts)
+        if self.on_retry is not None:
+            self.on_retry(self.target)
+        return pause
+
+    def sync(self, call: Callable[[], Any]) -> Any:
+        for attempts, pause in enumerate((*_backoffs(), None), start=1):
+            try:
+                return _unwrap(call())
+            except self.failures as exc:
+                time.sleep(self._failed(exc, attempts, pause))
+        raise AssertionError("unreachable")
+
+    async def run(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        for attempts, pause in enumerate((*_backoffs(), None), start=1):
+            try:
+                return _unwrap(await call())
+            except self.failures as exc:
+                await asyncio.sleep(self._failed(exc, attempts, pause))
+        raise AssertionError("unreachable")
 
 
 class RayModelBackend(DeclaredSpecsBackend):
@@ -70,43 +101,26 @@ class RayModelBackend(DeclaredSpecsBackend):
     kind = "ray-serve"
     remote = True
 
-    def __init__(self, model: str, handle: Any, on_retry: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: str, handle: Any) -> None:
         super().__init__()  # the contracts come from the deployment at load()
         self.model = model
         self.handle = handle
-        self.on_retry = on_retry
-        self._failures = replica_failure_types()
+        self.retry = _Retry(f"model {model!r}", f"model-{model}")
 
     def load(self) -> None:
         """Ask the deployment for its model's contracts (called in a worker thread at start)."""
-        for attempts, pause in enumerate((*_backoffs(), None), start=1):
-            try:
-                self._in, self._out = self.handle.specs.remote().result()
-                self.state = BackendState.LOADED
-                return
-            except self._failures as exc:
-                if pause is None:
-                    raise _give_up(f"model {self.model!r}", attempts, exc) from exc
-                time.sleep(pause)
+        self._in, self._out = self.retry.sync(lambda: self.handle.specs.remote().result())
+        self.state = BackendState.LOADED
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = _unwrap(self.handle.remote(dict(inputs)).result())
+        item = dict(inputs)
+        out: dict[str, Any] = self.retry.sync(lambda: self.handle.remote(item).result())
         return out
 
     async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         item = dict(inputs)
-        for attempts, pause in enumerate((*_backoffs(), None), start=1):
-            try:
-                out: dict[str, Any] = _unwrap(await self.handle.remote(item))
-                return out
-            except self._failures as exc:
-                if pause is None:
-                    raise _give_up(f"model {self.model!r}", attempts, exc) from exc
-                log.warning("model %s: replica call failed (%s); retry %d", self.model, type(exc).__name__, attempts)
-                if self.on_retry is not None:
-                    self.on_retry(f"model-{self.model}")
-                await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
+        out: dict[str, Any] = await self.retry.run(lambda: self.handle.remote(item))
+        return out
 
     @property
     def description(self) -> str:
@@ -116,21 +130,10 @@ class RayModelBackend(DeclaredSpecsBackend):
 class RayFn:
     """A Python node run by its own deployment (``FnReplica``); called in an executor worker thread."""
 
-    def __init__(self, node: str, handle: Any, on_retry: Callable[[str], None] | None = None) -> None:
+    def __init__(self, node: str, handle: Any) -> None:
         self.node = node
         self.handle = handle
-        self.on_retry = on_retry
-        self._failures = replica_failure_types()
+        self.retry = _Retry(f"node {node!r}", f"node-{node}")
 
     def __call__(self, **kwargs: Any) -> Any:
-        for attempts, pause in enumerate((*_backoffs(), None), start=1):
-            try:
-                return _unwrap(self.handle.remote(kwargs).result())
-            except self._failures as exc:
-                if pause is None:
-                    raise _give_up(f"node {self.node!r}", attempts, exc) from exc
-                log.warning("node %s: replica call failed (%s); retry %d", self.node, type(exc).__name__, attempts)
-                if self.on_retry is not None:
-                    self.on_retry(f"node-{self.node}")
-                time.sleep(pause)
-        raise AssertionError("unreachable")
+        return self.retry.sync(lambda: self.handle.remote(kwargs).result())

@@ -41,8 +41,6 @@ class Router:
         executor = Executor(self.graph, backends=models, fns=nodes, timeout_s=self.timeout_s)
         app = create_app(self.graph, executor=executor, config=self.config)
         retry_counter = app.state.usg.metrics.remote_retry  # usg_remote_retries_total on /metrics
-        for backend in models.values():
-            backend.on_retry = retry_counter
-        for fn in nodes.values():
-            fn.on_retry = retry_counter
+        for retry in [b.retry for b in models.values()] + [f.retry for f in nodes.values()]:
+            retry.on_retry = retry_counter
         return app
