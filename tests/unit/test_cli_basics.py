@@ -95,3 +95,16 @@ def test_graph_show_lists_pruning(graph, capsys):
     assert "runs:   up" in out and "pruned: raw" in out and "outputs present: shout" in out
     code, _, err = run_cli(["graph", "show", str(graph), "--modalities", "audio"], capsys)
     assert code == 2 and "matches no input" in err
+
+
+def test_graph_show_engine_ray_lists_the_deployments(tmp_path, capsys):
+    p = tmp_path / "scaled.yaml"
+    p.write_text(
+        GRAPH
+        + "deploy:\n  router: {num_replicas: 2}\n  nodes:\n    raw: {own_deployment: true, min_replicas: 1, max_replicas: 3}\n"
+    )
+    code, out, _ = run_cli(["graph", "show", str(p), "--engine", "ray"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "node-raw" in text and "1-3 auto" in text
+    assert "router" in text and "node up" in text  # the router runs the other Python node itself

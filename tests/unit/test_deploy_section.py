@@ -167,3 +167,14 @@ def test_run_items_groups_by_shape_pads_where_declared_and_isolates_a_poison_ite
 def test_fn_overrides_must_name_python_nodes() -> None:
     with pytest.raises(UsageError, match=r"\['dbl', 'nope'\].*use \['split'\]"):
         Executor(builder().build(), fns={"dbl": print, "nope": print})
+
+
+def test_deployment_plan_puts_router_models_and_plain_nodes_in_the_router() -> None:
+    from usg.scale.ray_options import deployment_plan
+
+    g = builder({"models": {"m": {"own_deployment": False}}, "nodes": {"split": {"own_deployment": True}}}).build()
+    plan = {d.name: d for d in deployment_plan(g, max_inflight=10)}
+    assert set(plan) == {"node-split", "router"}
+    assert plan["router"].runs_in_router == ("model m",) and plan["router"].options["max_ongoing_requests"] == 26
+    plan = {d.name: d for d in deployment_plan(builder().build())}
+    assert set(plan) == {"model-m", "router"} and plan["router"].runs_in_router == ("node split",)

@@ -8,7 +8,7 @@ from rich.tree import Tree
 
 from usg.cli.common import out_console
 from usg.errors import UsageError
-from usg.graph import describe_model, load_graph
+from usg.graph import Graph, describe_model, load_graph
 from usg.runtime.executor import plan_request
 
 __all__ = ["graph"]
@@ -27,7 +27,14 @@ def graph() -> None:
     default=None,
     help="Comma-separated modalities (or input names) present in a request; shows what runs.",
 )
-def show(graph_path: str, modalities: str | None) -> None:
+@click.option(
+    "--engine",
+    type=click.Choice(["embedded", "ray"]),
+    default="embedded",
+    show_default=True,
+    help="ray: also list the Ray Serve deployments `usg serve --engine ray` would create (from deploy:).",
+)
+def show(graph_path: str, modalities: str | None, engine: str) -> None:
     """Print inputs, models, nodes with their wiring and specs, outputs, and pruning."""
     g = load_graph(graph_path)
     out_console.print(f"[bold]graph[/] {g.name}  ({len(g.nodes)} nodes, {len(g.models)} models)")
@@ -57,6 +64,8 @@ def show(graph_path: str, modalities: str | None) -> None:
             branch.add(f"{port} ← {ref}")
     out_console.print(tree)
     out_console.print("[bold]outputs[/]: " + ", ".join(f"{k} ← {v}" for k, v in g.outputs.items()))
+    if engine == "ray":
+        _print_ray_plan(g)
     if modalities is not None:
         wanted = {m.strip() for m in modalities.split(",") if m.strip()}
         present = {n for n, d in g.inputs.items() if n in wanted or d.modality.value in wanted}
@@ -76,3 +85,28 @@ def show(graph_path: str, modalities: str | None) -> None:
         out_console.print(f"  outputs present: {', '.join(produced) or '(none)'}")
         if missing_required:
             out_console.print(f"  [red]required inputs missing: {', '.join(missing_required)}[/]")
+
+
+def _print_ray_plan(g: Graph) -> None:
+    from usg.scale.ray_options import deployment_plan
+
+    table = Table(title="Ray Serve deployments (usg serve --engine ray, default --max-inflight)")
+    for col in ("deployment", "runs", "replicas", "resources", "max_ongoing", "batch"):
+        table.add_column(col)
+    for d in deployment_plan(g):
+        o = d.options
+        auto = o.get("autoscaling_config")
+        replicas = str(o.get("num_replicas"))
+        if auto:
+            target = auto.get("target_ongoing_requests")
+            replicas = f"{auto['min_replicas']}-{auto['max_replicas']} auto" + (
+                f", target {target:g}" if target else ""
+            )
+        res = ", ".join(f"{k.removeprefix('num_')} {v:g}" for k, v in o["ray_actor_options"].items())
+        runs = d.target if d.kind != "router" else "HTTP API, graph logic" + "".join(f"\n{x}" for x in d.runs_in_router)
+        batch = "-"
+        if d.kind == "model":
+            b = g.models[d.target].batch
+            batch = f"@serve.batch {b.max_size}, {b.max_delay_ms:g} ms" if b.enabled else "off"
+        table.add_row(d.name, runs, replicas, res, str(o["max_ongoing_requests"]), batch)
+    out_console.print(table)

@@ -16,7 +16,7 @@ from typing import Any
 
 from usg.errors import MissingDependency, UsageError
 from usg.graph.model import Graph
-from usg.scale.ray_options import deployment_name, fn_options, model_options, router_options
+from usg.scale.ray_options import deployment_plan
 from usg.serve.app import ServeConfig
 
 __all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
@@ -65,23 +65,18 @@ def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0)
     from usg.scale.ray_replicas import FnReplica, ModelReplica
     from usg.scale.ray_router import Router
 
-    used = {n.model for n in graph.nodes.values() if n.model is not None} - set(graph.deploy.router_models)
-    models = {
-        name: serve.deployment(ModelReplica)
-        .options(name=deployment_name("model", name), **model_options(graph, name))
-        .bind(graph.models[name])
-        for name in graph.models
-        if name in used
-    }
-    nodes = {
-        name: serve.deployment(FnReplica)
-        .options(name=deployment_name("node", name), **fn_options(graph, name))
-        .bind(graph.nodes[name])
-        for name in graph.deploy.own_nodes
-    }
-    ingress = serve.deployment(serve.ingress()(Router)).options(
-        name=deployment_name("router", ""), **router_options(graph, config.max_inflight)
-    )
+    models: dict[str, Any] = {}
+    nodes: dict[str, Any] = {}
+    ingress: Any = None
+    for d in deployment_plan(graph, config.max_inflight):
+        if d.kind == "model":
+            models[d.target] = (
+                serve.deployment(ModelReplica).options(name=d.name, **d.options).bind(graph.models[d.target])
+            )
+        elif d.kind == "node":
+            nodes[d.target] = serve.deployment(FnReplica).options(name=d.name, **d.options).bind(graph.nodes[d.target])
+        else:
+            ingress = serve.deployment(serve.ingress()(Router)).options(name=d.name, **d.options)
     return ingress.bind(graph, models, nodes, config, timeout_s)
 
 

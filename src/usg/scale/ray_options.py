@@ -8,12 +8,20 @@ allowed to hold (enough to fill ``concurrency`` batches of ``max_size``).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from usg.graph.deploy import DeployPolicy
 from usg.graph.model import Graph
 
-__all__ = ["deployment_name", "fn_options", "model_options", "router_options"]
+__all__ = [
+    "PlannedDeployment",
+    "deployment_name",
+    "deployment_plan",
+    "fn_options",
+    "model_options",
+    "router_options",
+]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -57,3 +65,33 @@ def fn_options(graph: Graph, node: str) -> dict[str, Any]:
 def router_options(graph: Graph, max_inflight: int) -> dict[str, Any]:
     # the router's own in-flight gate answers 429 past max_inflight; Serve must not queue before it
     return _options(graph.deploy.router, max_inflight + 16)
+
+
+@dataclass(frozen=True)
+class PlannedDeployment:
+    """One Serve deployment the Ray engine will create for a graph."""
+
+    name: str  # model-det, node-lines, router
+    kind: str  # model | node | router
+    target: str  # the graph model or node name ("" for the router)
+    options: dict[str, Any]
+    runs_in_router: tuple[str, ...] = ()  # router only: models and Python nodes it runs itself
+
+
+def deployment_plan(graph: Graph, max_inflight: int = 64) -> list[PlannedDeployment]:
+    """Every deployment ``usg serve --engine ray`` creates for ``graph``, with its options."""
+    used = [m for m in graph.models if any(n.model == m for n in graph.nodes.values())]
+    in_router = set(graph.deploy.router_models)
+    plan = [
+        PlannedDeployment(deployment_name("model", m), "model", m, model_options(graph, m))
+        for m in used
+        if m not in in_router
+    ]
+    own = set(graph.deploy.own_nodes)
+    plan += [
+        PlannedDeployment(deployment_name("node", n), "node", n, fn_options(graph, n)) for n in graph.deploy.own_nodes
+    ]
+    local = [f"model {m}" for m in used if m in in_router]
+    local += [f"node {n}" for n, d in graph.nodes.items() if d.fn is not None and n not in own]
+    plan.append(PlannedDeployment("router", "router", "", router_options(graph, max_inflight), tuple(local)))
+    return plan

@@ -2,10 +2,11 @@
 
 A model replica loads the same backend the in-process executor would
 (:func:`usg.backends.create_backend`) and batches calls with ``@serve.batch`` sized from the
-model's batch policy; a batch is split into shape-compatible groups and run by
-:func:`usg.runtime.batch_call.run_items` (padding and poison isolation as in-process). A
-node replica calls the node's Python function. Both return USG errors as values, so the
-router re-raises the original error type instead of a wrapped ``RayTaskError``.
+model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
+is split into shape-compatible groups and run by :func:`usg.runtime.batch_call.run_items`
+(padding and poison isolation as in-process). A node replica calls the node's Python
+function. Both return USG errors as values, so the router re-raises the original error type
+instead of a wrapped ``RayTaskError``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ class ModelReplica:
         self.backend = create_backend(model)
         self.backend.load()
         self.batching = model.batch.enabled
-        if self.batching:
-            batched: Any = self._batched  # the @serve.batch wrapper, sized from the graph's policy
-            batched.set_max_batch_size(model.batch.max_size)
-            batched.set_batch_wait_timeout_s(model.batch.max_delay_ms / 1e3)
-        self._calls = asyncio.Semaphore(max(1, int(model.options.get("concurrency", 1))))
+        concurrency = max(1, int(model.options.get("concurrency", 1)))
+        # @serve.batch built per replica from the graph's policy: max size, wait, and as many
+        # batches in flight as the model's options.concurrency (its in-process instance count)
+        self._batched: Any = serve.batch(
+            max_batch_size=model.batch.max_size,
+            batch_wait_timeout_s=model.batch.max_delay_ms / 1e3,
+            max_concurrent_batches=concurrency,
+        )(self._run_batch)
+        self._calls = asyncio.Semaphore(concurrency)
         self._items = 0
         self._backend_calls = 0
 
@@ -60,12 +65,8 @@ class ModelReplica:
             except USGError as exc:
                 return exc
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def _batched(self, items: list[Mapping[str, Any]]) -> list[dict[str, Any] | BackendError]:
-        async with self._calls:
-            results, calls = await asyncio.to_thread(
-                run_items, self.backend, self.model.name, items, self.model.batch.pad
-            )
+    async def _run_batch(self, items: list[Mapping[str, Any]]) -> list[dict[str, Any] | BackendError]:
+        results, calls = await asyncio.to_thread(run_items, self.backend, self.model.name, items, self.model.batch.pad)
         self._items += len(items)
         self._backend_calls += calls
         return results
