@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from usg.bench.bound import model_only_bound
-from usg.bench.tune import ModelChoice, ProfilePoint, apply_sidecar, choose, sidecar_path, write_sidecar
+from usg.bench.tune import ModelChoice, ProfilePoint, choose, write_sidecar
+from usg.graph.sidecar import apply_sidecar, sidecar_path
 from usg.errors import GraphError
 from usg.graph.model import BatchPolicy, Graph, ModelDef
 

@@ -12,7 +12,8 @@ from usg.bench.loadgen import LoadResult, run_closed, run_open
 from usg.bench.report import BenchReport, report_json
 from usg.bench.runner import BenchConfig, run_bench
 from usg.bench.samples import Sample, default_samples, load_samples
-from usg.bench.tune import apply_sidecar, choose
+from usg.bench.tune import choose
+from usg.graph.sidecar import apply_sidecar
 
 __all__ = [
     "BenchConfig",

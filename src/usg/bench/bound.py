@@ -123,7 +123,7 @@ class BoundMeter:
     no overlap: the inverse of Σ items_m / throughput_m."""
 
     def __init__(self, graph: Graph, sidecar: Path, samples: Sequence[Sample], *, seconds: float = 3.0) -> None:
-        from usg.bench.tune import apply_sidecar, read_sidecar
+        from usg.graph.sidecar import apply_sidecar, read_sidecar
 
         self.doc = read_sidecar(sidecar)
         self.graph = apply_sidecar(graph, sidecar)

@@ -7,7 +7,7 @@ batches built from those items. Per model the choice maximises items/s among con
 p95 batch latency is within ``--p95-ms`` (with ``cpus // threads`` concurrent instances,
 like Triton's instance count), preferring the smaller batch and fewer threads
 when throughput is within ``tolerance`` (5%) of the best. The result goes into a sidecar
-``GRAPH.tuned.yaml`` that :func:`apply_sidecar` merges into a loaded graph.
+``GRAPH.tuned.yaml`` that :func:`usg.graph.sidecar.apply_sidecar` merges into a loaded graph.
 
 Sidecar format (version 1)::
 
@@ -26,7 +26,6 @@ Sidecar format (version 1)::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import platform
 import time
@@ -40,24 +39,19 @@ import numpy as np
 
 from usg.backends.base import Backend
 from usg.bench.samples import Sample
-from usg.errors import GraphError, GraphProblem
-from usg.graph.model import BatchPolicy, Graph, ModelDef
+from usg.graph.model import Graph, ModelDef
+from usg.graph.sidecar import SIDECAR_VERSION
 from usg.specs import TensorSpec
 
 __all__ = [
     "ModelChoice",
     "ProfilePoint",
-    "apply_sidecar",
     "capture_items",
     "choose",
     "machine_items_per_s",
     "profile_model",
-    "read_sidecar",
-    "sidecar_path",
     "write_sidecar",
 ]
-
-SIDECAR_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -276,11 +270,6 @@ def profile_model(
 
 
 # -- sidecar ----------------------------------------------------------------------------------
-def sidecar_path(graph_path: str | Path) -> Path:
-    p = Path(graph_path)
-    return p.with_name(p.stem + ".tuned.yaml")
-
-
 def write_sidecar(
     graph: Graph,
     choices: Mapping[str, ModelChoice],
@@ -311,68 +300,9 @@ def write_sidecar(
         "items_per_request": {k: round(v, 3) for k, v in items_per_request.items()},
         "models": models,
     }
-    header = "# written by `usg tune`; merged into the graph by usg.bench.tune.apply_sidecar (delete to undo)\n"
+    header = "# written by `usg tune`; merged into the graph by usg.graph.sidecar.apply_sidecar (delete to undo)\n"
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True), encoding="utf-8")
     return doc
-
-
-def read_sidecar(path: Path) -> dict[str, Any]:
-    import yaml
-
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(doc, dict) or doc.get("usg_tune") != SIDECAR_VERSION:
-        raise GraphError(
-            [
-                GraphProblem(
-                    str(path),
-                    f"not a usg tune sidecar (version {SIDECAR_VERSION})",
-                    "delete it and run `usg tune GRAPH` again",
-                )
-            ]
-        )
-    return doc
-
-
-_BATCH_FIELDS = {"max_size", "max_delay_ms", "preferred_sizes", "max_tokens", "max_pixels", "max_queue"}
-
-
-def apply_sidecar(graph: Graph, path: Path | None = None) -> Graph:
-    """The graph with the sidecar's per-model options and batch fields merged in (a new Graph;
-    the input is unchanged). Without a sidecar next to the graph file, the graph itself."""
-    if path is None:
-        if graph.source is None:
-            return graph
-        path = sidecar_path(graph.source)
-    if not path.is_file():
-        return graph
-    doc = read_sidecar(path)
-    problems: list[GraphProblem] = []
-    models = dict(graph.models)
-    for name, entry in (doc.get("models") or {}).items():
-        where = f"{path.name}: models.{name}"
-        if name not in models:
-            problems.append(
-                GraphProblem(
-                    where,
-                    f"the graph has no model {name!r}",
-                    f"run `usg tune {graph.source}` again, or delete {path.name}",
-                )
-            )
-            continue
-        model = models[name]
-        batch_in = dict(entry.get("batch") or {})
-        unknown = sorted(set(batch_in) - _BATCH_FIELDS)
-        if unknown:
-            problems.append(GraphProblem(where, f"unknown batch fields {unknown}", f"use only {sorted(_BATCH_FIELDS)}"))
-            continue
-        if "preferred_sizes" in batch_in:
-            batch_in["preferred_sizes"] = tuple(int(s) for s in batch_in["preferred_sizes"])
-        batch: BatchPolicy = dataclasses.replace(model.batch, **batch_in)
-        options = {**model.options, **(entry.get("options") or {})}
-        models[name] = dataclasses.replace(model, options=options, batch=batch)
-    if problems:
-        raise GraphError(problems)
-    return dataclasses.replace(graph, models=models)
 
 
 def items_per_request(items: Mapping[str, Sequence[Any]], requests: int) -> dict[str, float]:

@@ -171,7 +171,7 @@ def _graph(target: str, graph_path: str | None, untuned: bool) -> Any:
 def _bound_meter(graph: Any, samples: list[Any], report_notes: list[str]) -> Any:
     """A model-only bound meter when the graph has a tune sidecar (else a note and None)."""
     from usg.bench.bound import BoundMeter
-    from usg.bench.tune import sidecar_path
+    from usg.graph.sidecar import sidecar_path
 
     if graph is None or graph.source is None:
         return None
@@ -217,7 +217,8 @@ def tune(
     from rich.table import Table
 
     from usg.bench.samples import default_samples, load_samples
-    from usg.bench.tune import capture_items, choose, items_per_request, profile_model, sidecar_path, write_sidecar
+    from usg.bench.tune import capture_items, choose, items_per_request, profile_model, write_sidecar
+    from usg.graph.sidecar import sidecar_path
 
     graph = load_graph_for_cli(graph_path, tuned=False)  # profile from the graph as written
     sizes = _int_list(batch_sizes, "--batch-sizes")

@@ -23,7 +23,7 @@ def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
     with err_console.status("loading graph (models missing on disk are exported to ONNX once)"):
         graph = load_graph(p, export_missing=True, log=lambda msg: err_console.print(f"[dim]{msg}[/]"))
     if tuned:
-        from usg.bench.tune import apply_sidecar, sidecar_path
+        from usg.graph.sidecar import apply_sidecar, sidecar_path
 
         sidecar = sidecar_path(p)
         if sidecar.is_file():

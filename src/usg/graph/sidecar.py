@@ -1,0 +1,83 @@
+"""The ``usg tune`` sidecar: ``GRAPH.tuned.yaml`` beside a graph file, merged into the loaded graph.
+
+``usg tune`` (:mod:`usg.bench.tune`) writes it with the batch sizes and thread counts it measured
+on this machine; ``usg run / serve / bench`` load the graph through :func:`apply_sidecar`. It is
+machine-specific, so git ignores it; delete it to go back to the graph as written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from usg.errors import GraphError, GraphProblem
+from usg.graph.model import BatchPolicy, Graph
+
+__all__ = ["SIDECAR_VERSION", "apply_sidecar", "read_sidecar", "sidecar_path"]
+
+SIDECAR_VERSION = 1
+
+
+def sidecar_path(graph_path: str | Path) -> Path:
+    p = Path(graph_path)
+    return p.with_name(p.stem + ".tuned.yaml")
+
+
+def read_sidecar(path: Path) -> dict[str, Any]:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(doc, dict) or doc.get("usg_tune") != SIDECAR_VERSION:
+        raise GraphError(
+            [
+                GraphProblem(
+                    str(path),
+                    f"not a usg tune sidecar (version {SIDECAR_VERSION})",
+                    "delete it and run `usg tune GRAPH` again",
+                )
+            ]
+        )
+    return doc
+
+
+_BATCH_FIELDS = {"max_size", "max_delay_ms", "preferred_sizes", "max_tokens", "max_pixels", "max_queue"}
+
+
+def apply_sidecar(graph: Graph, path: Path | None = None) -> Graph:
+    """The graph with the sidecar's per-model options and batch fields merged in (a new Graph;
+    the input is unchanged). Without a sidecar next to the graph file, the graph itself."""
+    if path is None:
+        if graph.source is None:
+            return graph
+        path = sidecar_path(graph.source)
+    if not path.is_file():
+        return graph
+    doc = read_sidecar(path)
+    problems: list[GraphProblem] = []
+    models = dict(graph.models)
+    for name, entry in (doc.get("models") or {}).items():
+        where = f"{path.name}: models.{name}"
+        if name not in models:
+            problems.append(
+                GraphProblem(
+                    where,
+                    f"the graph has no model {name!r}",
+                    f"run `usg tune {graph.source}` again, or delete {path.name}",
+                )
+            )
+            continue
+        model = models[name]
+        batch_in = dict(entry.get("batch") or {})
+        unknown = sorted(set(batch_in) - _BATCH_FIELDS)
+        if unknown:
+            problems.append(GraphProblem(where, f"unknown batch fields {unknown}", f"use only {sorted(_BATCH_FIELDS)}"))
+            continue
+        if "preferred_sizes" in batch_in:
+            batch_in["preferred_sizes"] = tuple(int(s) for s in batch_in["preferred_sizes"])
+        batch: BatchPolicy = dataclasses.replace(model.batch, **batch_in)
+        options = {**model.options, **(entry.get("options") or {})}
+        models[name] = dataclasses.replace(model, options=options, batch=batch)
+    if problems:
+        raise GraphError(problems)
+    return dataclasses.replace(graph, models=models)
