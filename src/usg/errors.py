@@ -97,11 +97,12 @@ class InputError(USGError):
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None) -> None:
         self.field = field
         self.fix = fix
+        self.detail = message  # without the fix, which JSON bodies carry in their own field
         text = message if fix is None else f"{message}; fix: {fix}"
         super().__init__(text)
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"error": self.reason, "message": str(self)}
+        out: dict[str, object] = {"error": self.reason, "message": self.detail}
         if self.field is not None:
             out["field"] = self.field
         if self.fix is not None:
