@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from usg.backends.base import Backend, BackendState
+from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import BackendError, StateError
 from usg.specs import Dim, TensorSpec
 
@@ -71,7 +71,7 @@ def describe_onnx(path: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSp
     return _describe_cached(str(path), path.stat().st_mtime)
 
 
-class OnnxRuntimeBackend(Backend):
+class OnnxRuntimeBackend(DeclaredSpecsBackend):
     """Runs an ONNX model with ONNX Runtime.
 
     Options: ``intra_op_threads`` (int), ``inter_op_threads`` (int), ``providers``
@@ -83,22 +83,14 @@ class OnnxRuntimeBackend(Backend):
     kind = "onnxruntime"
 
     def __init__(self, path: Path, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
-        super().__init__()
+        ins, outs, meta = describe_onnx(Path(path))  # contracts from the file, without a session
+        super().__init__(ins, outs)
         self.path = Path(path)
         self.name = name or self.path.stem
         self.options = dict(options or {})
         self._session: Any = None
-        ins, outs, meta = describe_onnx(self.path)
-        self._in, self._out, self._meta = ins, outs, meta
+        self._meta = meta
         self.providers: list[str] = []
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self._in
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self._out
 
     @property
     def metadata(self) -> Mapping[str, str]:
