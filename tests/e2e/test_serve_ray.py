@@ -41,3 +41,18 @@ def test_ray_only_flags_are_refused_for_the_embedded_engine(tmp_path) -> None:  
 
     p = subprocess.run([str(USG), "serve", str(GRAPH), "--ray-address", "auto"], capture_output=True, text=True)
     assert p.returncode == 2 and "--ray-address needs --engine ray" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_an_unreachable_cluster_fails_fast_with_the_fix() -> None:
+    import subprocess
+
+    from harness import USG, free_port
+
+    p = subprocess.run(
+        [str(USG), "serve", str(GRAPH), "--engine", "ray", "--ray-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # Ray itself would retry for minutes
+    )
+    assert p.returncode == 1 and "cannot reach the Ray cluster" in p.stderr and "ray start --head" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
-from usg.errors import MissingDependency, UsageError
+from usg.errors import MissingDependency, StateError, UsageError
 from usg.graph.model import Graph
 from usg.scale.ray_options import deployment_plan
 from usg.serve.app import ServeConfig
@@ -49,7 +50,14 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        _probe(address)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise StateError(
+                f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0]}; "
+                "fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS"
+            ) from None
     else:
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 2,
@@ -57,6 +65,21 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when a host:port cluster address does not answer (Ray itself retries for minutes)."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise StateError(
+            f"cannot reach the Ray cluster at {address!r} ({exc}); fix: start it (`ray start --head`), "
+            "or pass the right --ray-address / RAY_ADDRESS (host:port of the head node's GCS, or ray://host:10001)"
+        ) from None
 
 
 def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0) -> Any:
