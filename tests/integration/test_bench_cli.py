@@ -94,8 +94,8 @@ def test_tune_profiles_and_writes_sidecar(tmp_path):
     assert doc["items_per_request"]["det"] == 1.0
     sidecar = tmp_path / "graph.tuned.yaml"
     assert doc["sidecar"] == str(sidecar)
-    from usg.graph.sidecar import apply_sidecar
     from usg.graph import load_graph
+    from usg.graph.sidecar import apply_sidecar
 
     tuned = apply_sidecar(load_graph(graph))
     assert tuned.models["cls"].batch.max_size == doc["choices"]["cls"]["batch"]

@@ -1,4 +1,5 @@
-"""The bundled document-OCR graph on real models: OCR equal to RapidOCR's, embeddings equal to sentence-transformers'."""
+"""The bundled document-OCR graph on real models: OCR equal to RapidOCR's, embeddings equal to
+sentence-transformers'."""
 
 from __future__ import annotations
 

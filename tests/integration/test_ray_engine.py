@@ -2,8 +2,8 @@
 replica killed under load loses no request.
 
 One Ray cluster (``num_cpus=2``) and one deployment for the module: models as deployments
-(det and rec with two replicas each, the tokenizer inside the router), the ``lines`` node in its own deployment, the router serving the
-same HTTP API as ``usg serve`` on a free 127.0.0.1 port.
+(det and rec with two replicas each, the tokenizer inside the router), the ``lines`` node in its own
+deployment, the router serving the same HTTP API as ``usg serve`` on a free 127.0.0.1 port.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import io
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
+from procs import free_port
 
 from usg.graph import DeployPolicy, DeploySpec, Graph, load_graph
 from usg.runtime import Executor
@@ -38,12 +38,6 @@ def _png(image: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +63,7 @@ def ray_url(graph: Graph) -> Iterator[str]:
 
     connect_ray(num_cpus=2)
     try:
-        url = deploy_graph(graph, ServeConfig(max_inflight=64, timeout_s=120), port=_free_port(), timeout_s=120)
+        url = deploy_graph(graph, ServeConfig(max_inflight=64, timeout_s=120), port=free_port(), timeout_s=120)
         yield url
     finally:
         serve.shutdown()

@@ -8,9 +8,9 @@ import pytest
 
 from usg.bench.bound import model_only_bound
 from usg.bench.tune import ModelChoice, ProfilePoint, choose, write_sidecar
-from usg.graph.sidecar import apply_sidecar, sidecar_path
 from usg.errors import GraphError
 from usg.graph.model import BatchPolicy, Graph, ModelDef
+from usg.graph.sidecar import apply_sidecar, sidecar_path
 
 
 def curve(model: str, threads: int, ms_by_batch: dict[int, float]) -> list[ProfilePoint]:

@@ -50,7 +50,7 @@ def test_run_json_prints_exactly_one_object(graph, capsys):
     [
         (lambda d: str(d / "missing.png"), "does not exist"),
         (
-            lambda d: (d / "zero.png").write_bytes(b"") and str(d / "zero.png") or str(d / "zero.png"),
+            lambda d: ((d / "zero.png").write_bytes(b"") and str(d / "zero.png")) or str(d / "zero.png"),
             "is empty (0 bytes)",
         ),
         (
@@ -101,7 +101,8 @@ def test_graph_show_engine_ray_lists_the_deployments(tmp_path, capsys):
     p = tmp_path / "scaled.yaml"
     p.write_text(
         GRAPH
-        + "deploy:\n  router: {num_replicas: 2}\n  nodes:\n    raw: {own_deployment: true, min_replicas: 1, max_replicas: 3}\n"
+        + "deploy:\n  router: {num_replicas: 2}\n  nodes:\n"
+        + "    raw: {own_deployment: true, min_replicas: 1, max_replicas: 3}\n"
     )
     code, out, _ = run_cli(["graph", "show", str(p), "--engine", "ray"], capsys)
     assert code == 0

@@ -1,8 +1,8 @@
 """The public API is curated: everything in __all__ exists, is sorted, and nothing private leaks."""
 
 import subprocess
-import types
 import sys
+import types
 
 import usg
 

@@ -39,7 +39,7 @@ def test_zero_byte_and_corrupt_bytes(tmp_path):
     with pytest.raises(InputError, match=r"is not a decodable image \(first bytes 6e6f7420616e2069\).*fix: send a PNG"):
         decode_image(b"not an image at all")
     truncated = png_bytes(50, 50)[:60]
-    with pytest.raises(InputError, match="truncated or corrupt|not a decodable image"):
+    with pytest.raises(InputError, match=r"truncated or corrupt|not a decodable image"):
         decode_image(truncated)
 
 

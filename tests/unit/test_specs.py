@@ -28,7 +28,7 @@ def test_range_checked_only_when_declared():
     spec = TensorSpec("float32", None, range=(0, 1))
     assert spec.check(np.array([0.0, 1.0], np.float32)) == []
     (msg,) = spec.check(np.array([0.0, 255.0], np.float32))
-    assert "values in [0,255], expected within [0,1]" == msg
+    assert msg == "values in [0,255], expected within [0,1]"
     assert TensorSpec("float32").check(np.array([1e9], np.float32)) == []
 
 

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from procs import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVE_RESOURCES = ROOT / "tests" / "resources" / "serve"
@@ -20,18 +17,8 @@ USG = Path(sys.executable).parent / "usg"  # the console script of this venv (no
 READY_TIMEOUT_S = 90.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
+class Server(ServerProcess):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -41,19 +28,6 @@ class Server:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise AssertionError("no VmRSS")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return int(self.proc.returncode)
 
 
 def start_server(graph: Path, *args: str, tmp: Path) -> Server:
@@ -81,15 +55,5 @@ def start_server(graph: Path, *args: str, tmp: Path) -> Server:
             env=env,
         )
     server = Server(proc, port, log)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"usg serve exited with {proc.returncode}:\n{server.output()}")
-        try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1.0).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise AssertionError(f"usg serve was not ready within {READY_TIMEOUT_S:g} s:\n{server.output()}")
+    server.wait_ready(f"{server.url}/v2/health/ready", name="usg serve", timeout_s=READY_TIMEOUT_S, poll_s=0.1)
+    return server

@@ -19,16 +19,14 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import signal
 import site
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from procs import ServerProcess, free_port
 
 PYTRITON = "nvidia-pytriton==0.7.0"
 READY_TIMEOUT_S = 180.0
@@ -80,34 +78,11 @@ def provision() -> Path:
     return venv
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Triton:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
+class Triton(ServerProcess):
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return int(self.proc.returncode)
 
 
 def _backends(venv: Path, tmp: Path) -> Path:
@@ -149,16 +124,6 @@ def start_triton(repository: Path, *, tmp: Path) -> Triton:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp)
     server = Triton(proc, port, log)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with {proc.returncode}:\n{server.output()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://{server.url}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"tritonserver not ready after {READY_TIMEOUT_S:.0f} s:\n{server.output()[-4000:]}")
+    ready = f"http://{server.url}/v2/health/ready"
+    server.wait_ready(ready, name="tritonserver", timeout_s=READY_TIMEOUT_S, poll_s=0.5)
+    return server
