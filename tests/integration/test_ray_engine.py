@@ -160,6 +160,19 @@ def test_model_deployments_batch_with_the_graph_policy(graph: Graph, ray_url: st
     stats = cls.stats.remote().result()
     assert stats["items"] > stats["calls"] > 0, stats  # crops shared calls
     assert graph.models["cls"].batch.max_size == 16
+    # the router's /metrics shows the replicas' batches, under the embedded server's metric names
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{ray_url}/metrics", timeout=30).text
+    samples = {
+        (s.name, s.labels.get("model")): s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+    }
+    batches, items = samples[("usg_batch_size_count", "cls")], samples[("usg_batch_size_sum", "cls")]
+    assert items > batches > 0, (items, batches)
+    assert items >= stats["items"]  # every cls item went through the router (one or two replicas)
+    assert samples[("usg_model_compute_seconds_count", "cls")] == batches
+    # minilm pads token axes to a multiple of 8 on its replica: padding waste is reported too
+    assert samples[("usg_batch_padded_elements_total", "minilm")] > samples[("usg_batch_real_elements_total", "minilm")]
 
 
 def _replica_actors(deployment: str) -> list[str]:

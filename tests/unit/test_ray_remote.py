@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("ray")
 
 from usg.errors import BackendError, ReplicaUnavailable
+from usg.runtime import Executor
+from usg.runtime.batcher import BatchEvent
 from usg.scale import ray_remote
 from usg.scale.ray_remote import RayFn, RayModelBackend
+from usg.scale.reply import ReplicaReply
 
 
 class FlakyHandle:
@@ -48,7 +52,7 @@ class FlakyHandle:
 
 def test_a_dead_replica_is_retried_and_counted() -> None:
     counted: list[str] = []
-    backend = RayModelBackend("det", FlakyHandle(2, {"out": 1}))
+    backend = RayModelBackend("det", FlakyHandle(2, ReplicaReply({"out": 1})))
     backend.retry.on_retry = counted.append
     assert asyncio.run(backend.ainfer({"x": 0})) == {"out": 1}
     assert counted == ["model-det", "model-det"]
@@ -65,7 +69,134 @@ def test_retries_end_in_a_clear_503_error(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_errors_of_the_call_itself_are_not_retried() -> None:
-    handle = FlakyHandle(0, BackendError("model 'rec' raised ValueError: bad"))
+    handle = FlakyHandle(0, ReplicaReply(BackendError("model 'rec' raised ValueError: bad")))
     with pytest.raises(BackendError, match="bad"):
         asyncio.run(RayModelBackend("rec", handle).ainfer({"x": 0}))
     assert handle.calls == 1
+
+
+class BatchingReplicaHandle:
+    """Answers like a model replica whose @serve.batch put every two items in one backend call:
+    the first item of each call carries that call's BatchEvent."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def remote(self, item: dict[str, Any]) -> Any:
+        self.n += 1
+        batches = (BatchEvent("m", 2, 2, 4, 4, (3.0, 5.0), 7.0, True),) if self.n % 2 == 1 else ()
+        reply = ReplicaReply({"y": item["x"] * 2}, batches)
+
+        async def get() -> ReplicaReply:
+            return reply
+
+        return get()
+
+
+def test_replica_batches_reach_the_router_metrics_as_in_process_batches() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from usg.graph import GraphBuilder
+    from usg.graph.model import BatchPolicy
+    from usg.serve.metrics import ServeMetrics
+    from usg.specs import TensorSpec
+
+    g = (
+        GraphBuilder("g")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:identity"}, batch=BatchPolicy(max_size=8))
+        .node("split", fn="testops:split_rows", inputs={"x": "inputs.x"}, options={"parts": 4})
+        .node("dbl", model="m", map=True, inputs={"x": "split.items"})
+        .output("y", "dbl.y")
+        .build()
+    )
+    backend = RayModelBackend("m", BatchingReplicaHandle(), batching=True)
+    backend._in = {"x": TensorSpec("float32", ("batch", None))}  # what load() would ask the replica
+    backend._out = {"y": TensorSpec("float32", ("batch", None))}
+    backend.load = lambda: None  # type: ignore[method-assign]
+    metrics = ServeMetrics()
+    with Executor(g, backends={"m": backend}, observers=[metrics]) as ex:
+        metrics.bind_runners(ex.runners)
+        out = ex.infer_sync({"x": np.arange(8, dtype=np.float32).reshape(1, 8)})
+    assert len(out.outputs["y"]) == 4
+    samples = {
+        (s.name, s.labels.get("model")): s.value
+        for fam in text_string_to_metric_families(metrics.render().decode())
+        for s in fam.samples
+    }
+    assert samples[("usg_batch_size_count", "m")] == 2 and samples[("usg_batch_size_sum", "m")] == 4
+    # queue wait and compute are the replica's, per batch — not the router's round trip per item
+    assert samples[("usg_model_compute_seconds_count", "m")] == 2
+    assert samples[("usg_model_compute_seconds_sum", "m")] == pytest.approx(0.014)
+    assert samples[("usg_model_queue_wait_seconds_count", "m")] == 4
+    assert samples[("usg_model_items_total", "m")] == 4
+
+
+class ReplicaStandIn:
+    """A model deployment's handle, answering in-process: specs() and one call per item."""
+
+    def __init__(self, fn: Any, ins: dict[str, Any], outs: dict[str, Any]) -> None:
+        self.fn, self.ins, self.outs = fn, ins, outs
+        outer = self
+
+        class Specs:
+            def remote(self) -> Any:
+                class Done:
+                    def result(self) -> Any:
+                        return outer.ins, outer.outs
+
+                return Done()
+
+        self.specs = Specs()
+
+    def remote(self, item: dict[str, Any]) -> Any:
+        async def get() -> ReplicaReply:
+            return ReplicaReply(self.fn(item))
+
+        return get()
+
+
+def test_the_ray_router_exports_spans_with_otel() -> None:
+    """The router built with otel="console" serves the HTTP API and makes request and node spans."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.testclient import TestClient
+
+    from usg.graph import GraphBuilder
+    from usg.scale.ray_router import Router
+    from usg.serve.app import ServeConfig
+    from usg.specs import TensorSpec
+
+    spec = {"x": TensorSpec("float32", ("batch", None))}
+    g = (
+        GraphBuilder("g")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:identity"})
+        .node("dbl", model="m", inputs={"x": "inputs.x"})
+        .output("y", "dbl.x")
+        .build()
+    )
+    handle = ReplicaStandIn(lambda item: {"x": item["x"] * 2}, spec, spec)
+    router = Router(g, {"m": handle}, {}, ServeConfig(max_inflight=4), 30.0, "console")
+    app = router.__serve_build_asgi_app__()
+    spans = InMemorySpanExporter()
+    app.state.usg.tracing.provider.add_span_processor(SimpleSpanProcessor(spans))  # beside the console one
+    with TestClient(app) as client:
+        r = client.post("/v1/infer", json={"inputs": {"x": [[1.0, 2.0]]}})
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"]["y"] == [[2.0, 4.0]]
+    by_name = {span.name: span for span in spans.get_finished_spans()}
+    assert {"usg.request", "node dbl", "queue", "compute"} <= set(by_name)
+    assert by_name["node dbl"].attributes["usg.model"] == "m"
+    assert by_name["node dbl"].parent.span_id == by_name["usg.request"].context.span_id
+
+
+def test_otel_variables_reach_the_router_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from usg.scale.ray_app import _with_otel_env
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    actor = _with_otel_env({"num_cpus": 0, "runtime_env": {"env_vars": {"A": "1"}}})
+    assert actor == {
+        "num_cpus": 0,
+        "runtime_env": {"env_vars": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "A": "1"}},
+    }

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from usg.specs import TensorSpec
+
+if TYPE_CHECKING:
+    from usg.runtime.batcher import BatchEvent
 
 __all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
 
@@ -36,6 +39,10 @@ class Backend(abc.ABC):
     #: the runner awaits :meth:`ainfer` on the event loop, with no worker thread and no local
     #: concurrency cap (the remote side queues and batches)
     remote: bool = False
+    #: True for remote backends whose far side batches calls and reports each batch it ran
+    #: (a :class:`usg.runtime.batcher.BatchEvent`) to :attr:`batch_listeners`; the executor
+    #: adds its observers there, so metrics see remote batches as they see local ones
+    remote_batching: bool = False
 
     async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run one item remotely (only for ``remote`` backends)."""
@@ -47,6 +54,7 @@ class Backend(abc.ABC):
 
     def __init__(self) -> None:
         self.state = BackendState.NEW
+        self.batch_listeners: list[Callable[[BatchEvent], None]] = []
 
     @property
     @abc.abstractmethod

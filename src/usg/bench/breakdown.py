@@ -84,8 +84,8 @@ class BreakdownObserver(Observer):
         self.reset()
 
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
-        """Learn which models batch, from the executor's runners (batchers have a queue)."""
-        self.batched = {name for name, runner in runners.items() if hasattr(runner, "queue_depth")}
+        """Learn which models batch (here or on a remote deployment), from the executor's runners."""
+        self.batched = {name for name, runner in runners.items() if runner.batches}
 
     def reset(self) -> None:
         self.models: dict[str, ModelBreakdown] = {}

@@ -87,13 +87,14 @@ def serve(
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if engine == "ray":
-        if otel or no_batching:
+        if no_batching:
             raise UsageError(
-                "--otel and --no-batching apply to the embedded engine only; fix: drop them with --engine ray"
+                "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
+                "fix: drop it with --engine ray"
             )
         from usg.cli.serve_ray import serve_on_ray
 
-        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address)
+        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address, otel)
         return
     if ray_address:
         raise UsageError("--ray-address needs --engine ray; fix: add --engine ray or drop --ray-address")

@@ -21,10 +21,15 @@ def serve_on_ray(
     max_body_mb: float,
     timeout: float,
     ray_address: str | None,
+    otel: str | None = None,
 ) -> None:
     from usg.scale.ray_app import connect_ray, deploy_graph
 
     graph = load_graph_for_cli(graph_path)
+    if otel:  # fail here, not in the router replica, when the exporter is not installed
+        from usg.serve import make_tracer_provider
+
+        make_tracer_provider(otel).shutdown()
     stop = threading.Event()
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
@@ -36,7 +41,7 @@ def serve_on_ray(
 
     config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
     with err_console.status(f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"):
-        url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout)
+        url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout, otel=otel)
     deployments = sorted(serve.status().applications[graph.name].deployments)
     err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
     # installed after ray.init, which sets its own SIGTERM handler (it would kill us uncleanly)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as PoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -67,14 +67,14 @@ class BatchingRunner:
         policy: BatchPolicy,
         *,
         concurrency: int = 1,
-        listeners: list[Callable[[BatchEvent], None]] | None = None,
+        listeners: Sequence[Callable[[BatchEvent], None]] | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.pool = pool
         self.policy = policy
         self.pad: PadPolicy | None = policy.pad
-        self.listeners: list[Callable[[BatchEvent], None]] = list(listeners or [])
+        self.listeners: list[Callable[[BatchEvent], None]] = list(listeners or ())
         self._queue: list[_Pending] = []
         self._wake: asyncio.Event | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -82,6 +82,8 @@ class BatchingRunner:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+
+    batches = True  # calls are batched here (figures come from BatchEvents)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

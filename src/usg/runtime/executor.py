@@ -152,6 +152,9 @@ class Executor:
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
         concurrency = int(model.options.get("concurrency", 1))
+        listeners = [obs.batch_finished for obs in self.observers]
+        if backend.remote_batching:
+            backend.batch_listeners[:] = listeners
         if self.batching and model.batch.enabled and not backend.remote:
             from usg.runtime.batcher import BatchingRunner
 
@@ -161,7 +164,7 @@ class Executor:
                 self._pool,
                 model.batch,
                 concurrency=concurrency,
-                listeners=[obs.batch_finished for obs in self.observers],
+                listeners=listeners,
             )
         return DirectRunner(name, backend, self._pool, concurrency=concurrency)
 

@@ -33,6 +33,11 @@ class ItemTiming:
 class ModelRunner(Protocol):
     model: str
 
+    @property
+    def batches(self) -> bool:
+        """Whether calls are batched (their queue and compute figures come from batch events)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]: ...
@@ -62,6 +67,11 @@ class DirectRunner:
         self.backend = backend
         self.pool = pool
         self._sem = asyncio.Semaphore(max(1, concurrency))
+
+    @property
+    def batches(self) -> bool:
+        """Whether this model's calls are batched (here never; remotely when the backend says so)."""
+        return self.backend.remote_batching
 
     async def start(self) -> None:
         return None

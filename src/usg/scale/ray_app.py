@@ -82,8 +82,12 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0) -> Any:
-    """The Serve application (an ``Application`` to pass to ``serve.run``)."""
+def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0, otel: str | None = None) -> Any:
+    """The Serve application (an ``Application`` to pass to ``serve.run``).
+
+    ``otel`` (``console`` | ``otlp``) turns on the router's spans, as ``usg serve --otel`` does
+    in-process; the caller's ``OTEL_*`` variables (endpoint, headers) go to the router replicas.
+    """
     serve = _serve()
     from usg.scale.ray_replicas import FnReplica, ModelReplica
     from usg.scale.ray_router import Router
@@ -99,8 +103,20 @@ def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0)
         elif d.kind == "node":
             nodes[d.target] = serve.deployment(FnReplica).options(name=d.name, **d.options).bind(graph.nodes[d.target])
         else:
-            ingress = serve.deployment(serve.ingress()(Router)).options(name=d.name, **d.options)
-    return ingress.bind(graph, models, nodes, config, timeout_s)
+            options = d.options
+            if otel:
+                options = {**options, "ray_actor_options": _with_otel_env(options["ray_actor_options"])}
+            ingress = serve.deployment(serve.ingress()(Router)).options(name=d.name, **options)
+    return ingress.bind(graph, models, nodes, config, timeout_s, otel)
+
+
+def _with_otel_env(actor_options: dict[str, Any]) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    if not env:
+        return actor_options
+    runtime_env = dict(actor_options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
+    return {**actor_options, "runtime_env": runtime_env}
 
 
 def deploy_graph(
@@ -111,6 +127,7 @@ def deploy_graph(
     port: int = 8000,
     timeout_s: float = 60.0,
     route_prefix: str = "/",
+    otel: str | None = None,
 ) -> str:
     """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL."""
     serve = _serve()
@@ -119,5 +136,6 @@ def deploy_graph(
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_ray_app(graph, config, timeout_s=timeout_s), name=graph.name, route_prefix=route_prefix)
+    app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)
+    serve.run(app, name=graph.name, route_prefix=route_prefix)
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"

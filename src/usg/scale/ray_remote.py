@@ -5,7 +5,8 @@ fan-out, gather are its own code); only the call crosses to another replica. Arg
 travel as Ray objects (numpy arrays through the object store, zero-copy where Ray can), not
 JSON. A call that fails because its replica died or is unreachable is retried on another
 replica (model calls and node functions are idempotent); when retries run out the request
-fails with :class:`usg.errors.ReplicaUnavailable` (HTTP 503), never silently.
+fails with :class:`usg.errors.ReplicaUnavailable` (HTTP 503), never silently. The batches a
+model's replicas ran come back with the replies and go to the executor's observers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import ReplicaUnavailable, USGError
+from usg.scale.reply import ReplicaReply
 
 __all__ = ["RayFn", "RayModelBackend", "replica_failure_types"]
 
@@ -101,11 +103,19 @@ class RayModelBackend(DeclaredSpecsBackend):
     kind = "ray-serve"
     remote = True
 
-    def __init__(self, model: str, handle: Any) -> None:
+    def __init__(self, model: str, handle: Any, *, batching: bool = False) -> None:
         super().__init__()  # the contracts come from the deployment at load()
         self.model = model
         self.handle = handle
+        self.remote_batching = batching  # the replicas batch (@serve.batch) and report each batch
         self.retry = _Retry(f"model {model!r}", f"model-{model}")
+
+    def _outputs(self, reply: ReplicaReply) -> dict[str, Any]:
+        for event in reply.batches:
+            for listener in self.batch_listeners:
+                listener(event)
+        out: dict[str, Any] = _unwrap(reply.outputs)
+        return out
 
     def load(self) -> None:
         """Ask the deployment for its model's contracts (called in a worker thread at start)."""
@@ -114,13 +124,11 @@ class RayModelBackend(DeclaredSpecsBackend):
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         item = dict(inputs)
-        out: dict[str, Any] = self.retry.sync(lambda: self.handle.remote(item).result())
-        return out
+        return self._outputs(self.retry.sync(lambda: self.handle.remote(item).result()))
 
     async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         item = dict(inputs)
-        out: dict[str, Any] = await self.retry.run(lambda: self.handle.remote(item))
-        return out
+        return self._outputs(await self.retry.run(lambda: self.handle.remote(item)))
 
     @property
     def description(self) -> str:

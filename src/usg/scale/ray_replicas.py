@@ -4,14 +4,17 @@ A model replica loads the same backend the in-process executor would
 (:func:`usg.backends.create_backend`) and batches calls with ``@serve.batch`` sized from the
 model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
 is split into shape-compatible groups and run by :func:`usg.runtime.batch_call.run_items`
-(padding and poison isolation as in-process). A node replica calls the node's Python
-function. Both return USG errors as values, so the router re-raises the original error type
-instead of a wrapped ``RayTaskError``.
+(padding and poison isolation as in-process), and each backend call's
+:class:`~usg.runtime.batcher.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
+for the router's metrics. A node replica calls the node's Python function. Both return USG
+errors as values, so the router re-raises the original error type instead of a wrapped
+``RayTaskError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +25,9 @@ from usg.backends.python_fn import import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
 from usg.runtime.batch_call import run_items
+from usg.runtime.batcher import BatchEvent
 from usg.runtime.runner import call_backend
+from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
 
 __all__ = ["FnReplica", "ModelReplica"]
@@ -53,23 +58,31 @@ class ModelReplica:
     def specs(self) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
         return dict(self.backend.input_specs), dict(self.backend.output_specs)
 
-    async def __call__(self, item: Mapping[str, Any]) -> dict[str, Any] | USGError:
+    async def __call__(self, item: Mapping[str, Any]) -> ReplicaReply:
         if self.batching:
-            result: dict[str, Any] | USGError = await self._batched(item)
-            return result
+            reply: ReplicaReply = await self._batched((item, time.perf_counter()))
+            return reply
         async with self._calls:
             self._items += 1
             self._backend_calls += 1
             try:
-                return await asyncio.to_thread(call_backend, self.backend, self.model.name, item)
+                return ReplicaReply(await asyncio.to_thread(call_backend, self.backend, self.model.name, item))
             except USGError as exc:
-                return exc
+                return ReplicaReply(exc)
 
-    async def _run_batch(self, items: list[Mapping[str, Any]]) -> list[dict[str, Any] | BackendError]:
-        results, calls = await asyncio.to_thread(run_items, self.backend, self.model.name, items, self.model.batch.pad)
+    async def _run_batch(self, entries: list[tuple[Mapping[str, Any], float]]) -> list[ReplicaReply]:
+        started = time.perf_counter()
+        items = [item for item, _ in entries]
+        waits = [(started - enqueued) * 1e3 for _, enqueued in entries]
+        pad = self.model.batch.pad
+        results, calls = await asyncio.to_thread(run_items, self.backend, self.model.name, items, pad, waits)
         self._items += len(items)
-        self._backend_calls += calls
-        return results
+        self._backend_calls += len(calls)
+        # each call's event rides back with the first item it ran, so the router counts it once
+        events: dict[int, list[BatchEvent]] = {}
+        for call in calls:
+            events.setdefault(call.indices[0], []).append(call.event)
+        return [ReplicaReply(out, tuple(events.get(i, ()))) for i, out in enumerate(results)]
 
 
 class FnReplica:

@@ -5,6 +5,8 @@ admission (in-flight gate, body limit) and error bodies; the executor plans, pru
 and gathers exactly as in-process, calling models (and Python nodes marked
 ``own_deployment``) through their deployments' handles. Models marked ``own_deployment: false``
 are loaded and batched in the router like in-process (no handle: the executor creates them).
+With ``otel`` the router exports the same request / node / queue / compute spans as
+``usg serve --otel`` (a remote model's queue + compute is the round trip to its deployment).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from usg.graph.model import Graph
 from usg.runtime import Executor
 from usg.scale.ray_remote import RayFn, RayModelBackend
 from usg.serve.app import ServeConfig, create_app
+from usg.serve.tracing import make_tracer_provider
 
 __all__ = ["Router"]
 
@@ -28,18 +31,23 @@ class Router:
         nodes: Mapping[str, Any],
         config: ServeConfig,
         timeout_s: float,
+        otel: str | None = None,
     ) -> None:
         self.graph = graph
         self.model_handles = dict(models)
         self.node_handles = dict(nodes)
         self.config = config
         self.timeout_s = timeout_s
+        self.otel = otel
 
     def __serve_build_asgi_app__(self) -> Any:
-        models = {m: RayModelBackend(m, h) for m, h in self.model_handles.items()}
+        models = {
+            m: RayModelBackend(m, h, batching=self.graph.models[m].batch.enabled) for m, h in self.model_handles.items()
+        }
         nodes = {n: RayFn(n, h) for n, h in self.node_handles.items()}
         executor = Executor(self.graph, backends=models, fns=nodes, timeout_s=self.timeout_s)
-        app = create_app(self.graph, executor=executor, config=self.config)
+        provider = make_tracer_provider(self.otel, service_name=f"usg:{self.graph.name}") if self.otel else None
+        app = create_app(self.graph, executor=executor, config=self.config, tracer_provider=provider)
         retry_counter = app.state.usg.metrics.remote_retry  # usg_remote_retries_total on /metrics
         for retry in [b.retry for b in models.values()] + [f.retry for f in nodes.values()]:
             retry.on_retry = retry_counter

@@ -118,8 +118,9 @@ class ServeMetrics(Observer):
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
         """Learn which models batch (their queue/compute come from batch events) and export queue depth."""
         for name, runner in runners.items():
-            if hasattr(runner, "queue_depth"):
+            if runner.batches:
                 self._batched.add(name)
+            if hasattr(runner, "queue_depth"):
                 self.queue_depth.labels(name).set_function(_depth_of(runner))
 
     def set_inflight_source(self, source: Callable[[], float]) -> None:

@@ -1,0 +1,24 @@
+"""What a model replica sends back to the router for one item.
+
+The item's outputs (or the USG error that item caused, so the router re-raises the original
+type), and the batches that this item was the first of: one
+:class:`usg.runtime.batcher.BatchEvent` per backend call, reported once per call, so the
+router's ``/metrics`` (``usg_batch_size``, queue wait, compute, padding waste) and
+``usg bench``'s breakdown describe replica batching as they describe in-process batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from usg.errors import USGError
+from usg.runtime.batcher import BatchEvent
+
+__all__ = ["ReplicaReply"]
+
+
+@dataclass(frozen=True)
+class ReplicaReply:
+    outputs: dict[str, Any] | USGError
+    batches: tuple[BatchEvent, ...] = ()
