@@ -64,7 +64,8 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "--ray-address",
     default=None,
     metavar="ADDR",
-    help="With --engine ray: the cluster to join (default $RAY_ADDRESS, else a local Ray on this machine).",
+    help="With --engine ray: the cluster to join (host:port, ray://host:10001, or auto for the one `ray start` "
+    "runs here; default $RAY_ADDRESS, else a private local Ray).",
 )
 @click.option(
     "--log-level",

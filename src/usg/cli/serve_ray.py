@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
+import time
 from types import FrameType
 
 from usg.cli.common import err_console, load_graph_for_cli
@@ -30,26 +30,44 @@ def serve_on_ray(
         from usg.serve import make_tracer_provider
 
         make_tracer_provider(otel).shutdown()
-    stop = threading.Event()
+    signals: list[int] = []
+    deploying = [True]
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
-        stop.set()
+        # no lock here (an Event's would deadlock when a second signal lands while the first
+        # is handled: `timeout` and a process manager both sending SIGTERM, Ctrl-C twice)
+        signals.append(sig)
+        if deploying[0]:
+            deploying[0] = False
+            raise KeyboardInterrupt  # interrupt serve.run; the application is removed below
 
     with err_console.status("starting Ray"):
         connect_ray(ray_address)
     from ray import serve
 
-    config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
-    with err_console.status(f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"):
-        url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout, otel=otel)
-    deployments = sorted(serve.status().applications[graph.name].deployments)
-    err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
-    # installed after ray.init, which sets its own SIGTERM handler (it would kill us uncleanly)
+    # installed after ray.init (it sets its own SIGTERM handler, which would kill us uncleanly)
+    # and before deploying: Serve's proxy answers /v2/health/ready as soon as the app is up
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stop.wait()
-    err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
-    if ray_address or os.environ.get("RAY_ADDRESS"):
-        serve.delete(graph.name)  # leave the shared cluster's other applications alone
-    else:
-        serve.shutdown()
+
+    config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
+    try:
+        with err_console.status(f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"):
+            url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout, otel=otel)
+        deploying[0] = False
+        deployments = sorted(serve.status().applications[graph.name].deployments)
+        err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
+        while not signals:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        deploying[0] = False
+        err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
+        try:
+            if ray_address or os.environ.get("RAY_ADDRESS"):
+                serve.delete(graph.name)  # leave the shared cluster's other applications alone
+            else:
+                serve.shutdown()
+        except Exception as exc:  # do not hide the error that brought us here
+            err_console.print(f"[yellow]Ray Serve clean-up failed: {type(exc).__name__}: {exc}[/]")

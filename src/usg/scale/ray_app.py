@@ -42,7 +42,8 @@ def _serve() -> Any:
 
 
 def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``), else start a local one."""
+    """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``; ``auto``: the one ``ray start``
+    runs on this machine), else start a private local one (even if ``ray start`` runs here)."""
     _serve()
     import ray
 
@@ -51,20 +52,53 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _probe(address)
+        token = _use_token_if_available()
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
+            auth = (
+                "the token USG sent (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) may not be "
+                "the cluster's: `ray get-auth-token` on the head node prints it"
+                if token
+                else "if the cluster uses token authentication (`ray start` turns it on where a token "
+                "exists, Ray >= 2.59), put its token in RAY_AUTH_TOKEN or ~/.ray/auth_token"
+            )
             raise StateError(
                 f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0]}; "
-                "fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS"
+                f"fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS; {auth}"
             ) from None
     else:
         ray.init(
+            address="local",  # not a cluster `ray start` left running here: that one is --ray-address auto
             num_cpus=num_cpus or os.cpu_count() or 2,
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
+
+
+def _use_token_if_available() -> bool:
+    """Send the Ray auth token when joining a cluster, if one is at hand; whether one is sent.
+
+    ``ray start --head`` turns token authentication on where a token exists (``~/.ray/auth_token``,
+    which any local ``ray.init()`` of Ray >= 2.59 writes), but a driver joining by address sends
+    it only with ``RAY_AUTH_MODE=token`` (Ray 2.61 makes that the default). A cluster without
+    authentication ignores the token. An explicit ``RAY_AUTH_MODE`` is left as it is.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+    except ImportError:  # a Ray without token authentication
+        return False
+    quiet = logging.getLogger(setup.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its warning speaks of starting a cluster, not of joining one
+    try:
+        return bool(setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
+    finally:
+        quiet.setLevel(level)
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> None:
@@ -136,6 +170,30 @@ def deploy_graph(
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
     serve.start(http_options={"host": host, "port": port})
+    _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)
     serve.run(app, name=graph.name, route_prefix=route_prefix)
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
+
+
+def _check_proxy_address(host: str, port: int) -> None:
+    """Serve keeps one HTTP proxy address per cluster: when it already ran there, ``serve.start``
+    keeps the old address; say so instead of claiming a URL nothing listens on."""
+    try:
+        from ray.serve.context import _get_global_client  # the only way to read the live address
+
+        client = _get_global_client()
+        if client is None:
+            return
+        config = client.http_config
+        actual_host, actual_port = str(config.host), int(config.port)
+    except Exception:  # a Ray that moved it: nothing to compare
+        return
+    wildcard = actual_host in ("0.0.0.0", "::")
+    if actual_port != port or (actual_host != host and not wildcard):
+        raise UsageError(
+            f"Ray Serve already runs on this cluster with its HTTP proxy on {actual_host}:{actual_port}, "
+            f"not the {host}:{port} asked for (Serve has one proxy address per cluster and cannot move it "
+            f"while running); fix: pass --host {actual_host} --port {actual_port}, or run `serve shutdown` "
+            "on the cluster first (it stops every Serve application there)"
+        )

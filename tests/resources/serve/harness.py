@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +31,10 @@ class Server(ServerProcess):
         raise AssertionError("no VmRSS")
 
 
-def start_server(graph: Path, *args: str, tmp: Path) -> Server:
+def start_server(graph: Path, *args: str, tmp: Path, env: Mapping[str, str] | None = None) -> Server:
+    """``usg serve graph *args`` on a free port, ready; ``env`` replaces the process environment."""
     port = free_port()
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     env.setdefault("USG_CACHE", "/tmp/usgcache")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SERVE_RESOURCES), env.get("PYTHONPATH")) if p)
     log = tmp / f"serve-{port}.log"

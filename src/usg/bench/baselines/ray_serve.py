@@ -49,6 +49,7 @@ def ray_session() -> None:
     serve = _import_serve()
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a private Ray, not one `ray start` runs here (it would refuse num_cpus)
             num_cpus=max(2, os.cpu_count() or 2),
             include_dashboard=False,
             log_to_driver=False,
