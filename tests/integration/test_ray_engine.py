@@ -227,3 +227,59 @@ def test_killing_a_replica_under_load_loses_no_request(graph: Graph, ray_url: st
     assert retried, "the kill hit no det call in flight, so nothing was retried; the test proved nothing"
     assert len(ok) >= len(results) - 2, json.dumps(bad)[:2000]
     assert all(body["outputs"]["lines"] for body in ok)  # type: ignore[index]
+
+
+def _identity_onnx(path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_replica_that_cannot_start_fails_the_deploy_with_its_own_error(ray_url: str, tmp_path: Path) -> None:
+    """Serve retries a failing constructor, then USG reports the replica's error — no hang."""
+    from usg.errors import StateError
+    from usg.graph import GraphBuilder
+    from usg.scale.ray_app import deploy_graph
+    from usg.serve.app import ServeConfig
+    from usg.specs import TensorSpec
+
+    model = tmp_path / "identity.onnx"
+    _identity_onnx(model)
+    g = (
+        GraphBuilder("broken-model")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, 4)))
+        .model("m", "onnxruntime", path=model)
+        .node("n", model="m", inputs={"x": "inputs.x"})
+        .output("y", "n.y")
+        .build()
+    )
+    model.write_bytes(b"truncated on the worker")  # valid when the graph was loaded, not when replicas load
+    port = int(ray_url.rsplit(":", 1)[1])
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StateError) as info:
+            deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/broken", deploy_timeout_s=120)
+    finally:
+        serve.delete("broken-model")
+    message = str(info.value)
+    assert "could not deploy 'broken-model' (DEPLOY_FAILED)" in message
+    assert "model-m: DEPLOY_FAILED" in message and "identity.onnx" in message, message
+    assert "Traceback" not in message and time.monotonic() - t0 < 110
+
+
+def test_deployments_that_cannot_fit_the_private_ray_are_refused_up_front(graph: Graph, ray_url: str) -> None:
+    from usg.errors import UsageError
+    from usg.scale.ray_app import deploy_graph
+    from usg.serve.app import ServeConfig
+
+    greedy = dataclasses.replace(
+        graph, name="greedy", deploy=dataclasses.replace(graph.deploy, models={"det": DeployPolicy(num_gpus=1)})
+    )
+    port = int(ray_url.rsplit(":", 1)[1])
+    with pytest.raises(UsageError, match=r"model-det needs \{GPU: 1\} per replica × 1: no node has that"):
+        deploy_graph(greedy, ServeConfig(), port=port, route_prefix="/greedy")
+    assert "greedy" not in serve.status().applications

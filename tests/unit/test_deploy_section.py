@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -189,3 +190,47 @@ def test_deployment_plan_puts_router_models_and_plain_nodes_in_the_router() -> N
     assert plan["router"].runs_in_router == ("model m",) and plan["router"].options["max_ongoing_requests"] == 26
     plan = {d.name: d for d in deployment_plan(builder().build())}
     assert set(plan) == {"model-m", "router"} and plan["router"].runs_in_router == ("node split",)
+
+
+def test_a_node_run_elsewhere_is_not_imported_in_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own deployment may hold dependencies the router's node lacks."""
+    from usg.runtime import executor as executor_mod
+
+    real = executor_mod.import_callable
+
+    def guarded(ref: str) -> Any:
+        assert ref != "testops:split_rows", "the router imported a node that runs in its own deployment"
+        return real(ref)
+
+    monkeypatch.setattr(executor_mod, "import_callable", guarded)
+    seen: list[dict[str, Any]] = []
+
+    def remote_split(**kwargs: Any) -> dict[str, Any]:
+        seen.append(kwargs)
+        return {"items": [kwargs["x"]]}
+
+    with Executor(builder().build(), backends={"m": doubler()}, fns={"split": remote_split}) as ex:
+        ex.infer_sync({"x": np.array([[1.0, 2.0]], np.float32)})
+    assert set(seen[0]) == {"x", "parts"}  # every option travels; the node's replica filters them
+
+
+def test_a_node_replica_passes_only_the_options_its_function_accepts() -> None:
+    pytest.importorskip("ray.serve")
+    from usg.graph.model import NodeDef
+    from usg.scale.ray_replicas import FnReplica
+
+    g = builder().build()
+    node = dataclasses.replace(g.nodes["split"], options={"parts": 2, "tuned_for": "gpu"})
+    assert isinstance(node, NodeDef)
+    replica = FnReplica(node)
+    out = asyncio.run(replica({"x": np.ones((1, 2), np.float32), "parts": 2, "tuned_for": "gpu"}))
+    assert len(out["items"]) == 2  # `tuned_for` (not a parameter of split_rows) was left out, not a TypeError
+
+
+def test_a_node_module_that_raises_on_import_is_named_with_its_error(tmp_path: Any, monkeypatch: Any) -> None:
+    from usg.backends.python_fn import import_callable
+
+    (tmp_path / "cuda_ops.py").write_text("raise RuntimeError('CUDA driver version is insufficient')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"importing module 'cuda_ops' raised RuntimeError: CUDA driver version"):
+        import_callable("cuda_ops:run")

@@ -83,7 +83,13 @@ class OnnxRuntimeBackend(DeclaredSpecsBackend):
     kind = "onnxruntime"
 
     def __init__(self, path: Path, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
-        ins, outs, meta = describe_onnx(Path(path))  # contracts from the file, without a session
+        try:
+            ins, outs, meta = describe_onnx(Path(path))  # contracts from the file, without a session
+        except Exception as exc:  # missing here (another node of a cluster), truncated, not ONNX
+            raise BackendError(
+                f"model {name or Path(path).stem!r}: cannot read {path} ({type(exc).__name__}: {exc}); "
+                f"fix: check the file (`usg doctor {path}`); on a cluster every node must see it at this path"
+            ) from exc
         super().__init__(ins, outs)
         self.path = Path(path)
         self.name = name or self.path.stem

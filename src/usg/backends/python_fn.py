@@ -26,6 +26,11 @@ def import_callable(ref: str) -> Callable[..., Any]:
             f"fn {ref!r}: module {module_name!r} cannot be imported ({exc}); "
             "check the module path, or install the package that provides it"
         ) from exc
+    except Exception as exc:  # the module's own code failed while importing: not a USG error
+        raise ValueError(
+            f"fn {ref!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
+            "fix that module (its top-level code runs on import)"
+        ) from exc
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):

@@ -68,6 +68,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "runs here; default $RAY_ADDRESS, else a private local Ray).",
 )
 @click.option(
+    "--deploy-timeout",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --engine ray: give up (with Serve's diagnosis) when deployments are not all running by then.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -84,6 +92,7 @@ def serve(
     no_batching: bool,
     engine: str,
     ray_address: str | None,
+    deploy_timeout: float,
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
@@ -95,7 +104,7 @@ def serve(
             )
         from usg.cli.serve_ray import serve_on_ray
 
-        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address, otel)
+        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address, otel, deploy_timeout)
         return
     if ray_address:
         raise UsageError("--ray-address needs --engine ray; fix: add --engine ray or drop --ray-address")

@@ -22,6 +22,7 @@ def serve_on_ray(
     timeout: float,
     ray_address: str | None,
     otel: str | None = None,
+    deploy_timeout: float = 300.0,
 ) -> None:
     from usg.scale.ray_app import connect_ray, deploy_graph
 
@@ -52,8 +53,19 @@ def serve_on_ray(
 
     config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
     try:
-        with err_console.status(f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"):
-            url = deploy_graph(graph, config, host=host, port=port, timeout_s=timeout, otel=otel)
+        what = f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"
+        with err_console.status(what) as status:
+            url = deploy_graph(
+                graph,
+                config,
+                host=host,
+                port=port,
+                timeout_s=timeout,
+                otel=otel,
+                deploy_timeout_s=deploy_timeout,
+                progress=lambda text: status.update(f"{what}: {text}"),
+                warn=lambda text: err_console.print(f"[yellow]warning: {text}[/]"),
+            )
         deploying[0] = False
         deployments = sorted(serve.status().applications[graph.name].deployments)
         err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
@@ -63,7 +75,8 @@ def serve_on_ray(
         pass
     finally:
         deploying[0] = False
-        err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
+        if signals:
+            err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:
             if ray_address or os.environ.get("RAY_ADDRESS"):
                 serve.delete(graph.name)  # leave the shared cluster's other applications alone

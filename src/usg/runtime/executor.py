@@ -144,8 +144,10 @@ class Executor:
             await runner.start()
         for node in self.graph.nodes.values():
             if node.fn is not None:
-                func = import_callable(node.fn)
-                self._fns[node.name] = self._fn_overrides.get(node.name, func)
+                # an override (a node run elsewhere) is called instead and never imports the
+                # node's module here; it gets every option and filters them itself
+                func = self._fn_overrides.get(node.name) or import_callable(node.fn)
+                self._fns[node.name] = func
                 self._fn_params[node.name] = accepted_params(func)
         self.state = ExecutorState.RUNNING
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from usg.errors import MissingDependency, StateError, UsageError
@@ -24,6 +25,8 @@ __all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
 
 
 _MIN_RAY = (2, 60)
+log = logging.getLogger("usg.scale.ray")
+_started_here = [False]  # connect_ray started a private local Ray (it can never grow)
 
 
 def _serve() -> Any:
@@ -51,6 +54,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        _started_here[0] = False
         _probe(address)
         token = _use_token_if_available()
         try:
@@ -68,6 +72,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
                 f"fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS; {auth}"
             ) from None
     else:
+        _started_here[0] = True
         ray.init(
             address="local",  # not a cluster `ray start` left running here: that one is --ray-address auto
             num_cpus=num_cpus or os.cpu_count() or 2,
@@ -162,17 +167,27 @@ def deploy_graph(
     timeout_s: float = 60.0,
     route_prefix: str = "/",
     otel: str | None = None,
+    deploy_timeout_s: float = 300.0,
+    progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] = log.warning,
 ) -> str:
-    """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL."""
+    """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL once every
+    deployment runs. UsageError up front when the deployments cannot fit a private local Ray;
+    StateError with Serve's diagnosis when they fail or are not up within ``deploy_timeout_s``."""
     serve = _serve()
     import ray
 
+    from usg.scale.ray_rollout import check_fits, wait_until_running
+
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
+    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here[0], warn=warn)
     serve.start(http_options={"host": host, "port": port})
     _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)
-    serve.run(app, name=graph.name, route_prefix=route_prefix)
+    target = serve.RunTarget(app, name=graph.name, route_prefix=route_prefix)
+    serve.run_many([target], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    wait_until_running(graph.name, timeout_s=deploy_timeout_s, status=serve.status, progress=progress)
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
 
 

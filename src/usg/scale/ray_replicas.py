@@ -21,7 +21,7 @@ from typing import Any
 from ray import serve
 
 from usg.backends import create_backend
-from usg.backends.python_fn import import_callable
+from usg.backends.python_fn import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
 from usg.runtime.batch_call import run_items
@@ -90,10 +90,15 @@ class FnReplica:
         assert node.fn is not None
         self.node = node
         self.func = import_callable(node.fn)
+        self.names, self.var_kw = accepted_params(self.func)
 
     def _call(self, kwargs: Mapping[str, Any]) -> Any:
+        # the router passes the node's inputs and all its options: keep the options it accepts,
+        # as the in-process executor does (inputs were checked against the signature at load)
+        options = set(self.node.options)
+        args = {k: v for k, v in kwargs.items() if self.var_kw or k in self.names or k not in options}
         try:
-            return self.func(**kwargs)
+            return self.func(**args)
         except USGError as exc:
             return exc
         except Exception as exc:

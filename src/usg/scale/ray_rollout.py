@@ -1,0 +1,153 @@
+"""Bringing a graph's Serve application up: will it fit, and waiting for it with a diagnosis.
+
+``serve.run`` waits forever for replicas that cannot be scheduled (a ``num_gpus: 1`` on a CPU
+cluster) and reports a failed replica constructor as a bare exception. USG checks first
+that every deployment fits the cluster's nodes (an error on a private local Ray, which can
+never grow; a warning on a joined cluster, whose autoscaler may add nodes), then submits the
+application without blocking and polls ``serve.status()``: progress for the CLI, the
+deployments' own messages (Serve says which resources a pending replica needs, or what its
+constructor raised) when the application fails or does not come up in time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from usg.errors import StateError, UsageError
+from usg.scale.ray_options import PlannedDeployment
+
+__all__ = ["Unfit", "check_fits", "describe", "unfit_deployments", "wait_until_running"]
+
+
+@dataclass(frozen=True)
+class Unfit:
+    deployment: str
+    need: dict[str, float]  # per replica
+    replicas: int
+    why: str
+
+
+def _needs(d: PlannedDeployment) -> tuple[dict[str, float], int]:
+    actor = d.options.get("ray_actor_options", {})
+    need = {"CPU": float(actor.get("num_cpus") or 0.0), "GPU": float(actor.get("num_gpus") or 0.0)}
+    auto = d.options.get("autoscaling_config")
+    replicas = int(auto["min_replicas"]) if auto else int(d.options.get("num_replicas", 1))
+    return {k: v for k, v in need.items() if v > 0}, replicas
+
+
+def unfit_deployments(plan: Sequence[PlannedDeployment], nodes: Sequence[Mapping[str, float]]) -> list[Unfit]:
+    """Deployments whose replica fits on no node, or whose starting replicas (``num_replicas`` or
+    ``min_replicas``) with all the others' exceed the cluster's totals."""
+    out: list[Unfit] = []
+    totals: dict[str, float] = {}
+    for node in nodes:
+        for key, value in node.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    wanted: dict[str, float] = {}
+    for d in plan:
+        need, replicas = _needs(d)
+        largest = {k: max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in need}
+        short = {k: v for k, v in need.items() if v > largest[k]}
+        if short:
+            have = ", ".join(f"{k} {largest[k]:g}" for k in short)
+            out.append(Unfit(d.name, need, replicas, f"no node has that (the largest has {have})"))
+        for k, v in need.items():
+            wanted[k] = wanted.get(k, 0.0) + v * replicas
+    over = {k: v for k, v in wanted.items() if v > totals.get(k, 0.0)}
+    if over and not out:
+        for d in plan:
+            need, replicas = _needs(d)
+            if any(k in over for k in need):
+                total = ", ".join(f"{k} {wanted[k]:g} wanted, {totals.get(k, 0.0):g} in the cluster" for k in over)
+                out.append(Unfit(d.name, need, replicas, f"all starting replicas together do not fit ({total})"))
+    return out
+
+
+def check_fits(plan: Sequence[PlannedDeployment], *, private: bool, warn: Callable[[str], None]) -> None:
+    """Raise (private local Ray) or warn (joined cluster) when deployments cannot be scheduled now."""
+    import ray
+
+    nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    unfit = unfit_deployments(plan, nodes)
+    if not unfit:
+        return
+    lines = "; ".join(f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}" for u in unfit)
+    if private:
+        raise UsageError(
+            f"the graph's deploy: section does not fit this machine's Ray: {lines}; fix: lower num_cpus / "
+            "num_gpus / replicas in deploy:, or join a cluster that has the resources (--ray-address)"
+        )
+    warn(f"{lines}; waiting for the cluster to grow (an autoscaler) until the deploy timeout")
+
+
+def _fmt(need: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in need.items()) + "}" if need else "{}"
+
+
+def describe(app: Any) -> str:
+    """One line per deployment that is not healthy: status, replica states, Serve's message."""
+    parts = []
+    for name, d in sorted(app.deployments.items()):
+        status = str(getattr(d.status, "value", d.status))
+        if status == "HEALTHY":
+            continue
+        states = ", ".join(f"{getattr(k, 'value', k)} {v}" for k, v in sorted(d.replica_states.items(), key=str))
+        message = _essence(str(d.message or ""))
+        parts.append(f"{name}: {status} ({states or 'no replicas yet'}){': ' + message if message else ''}")
+    return "\n".join(parts)
+
+
+_ERROR_LINE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception)(: |$)")
+
+
+def _essence(message: str) -> str:
+    """Serve's message, with a replica's traceback cut to its first sentence and the last error
+    line (the replica's own exception; the rest is Serve's frames)."""
+    lines = message.splitlines()
+    errors = [line.strip() for line in lines if _ERROR_LINE.match(line)]
+    if not errors:
+        return " ".join(message.split())
+    return f"{lines[0].split('. ')[0].strip()}: {errors[-1]}"
+
+
+def wait_until_running(
+    app_name: str,
+    *,
+    timeout_s: float,
+    status: Callable[[], Any],
+    progress: Callable[[str], None] | None = None,
+    poll_s: float = 0.5,
+) -> None:
+    """Poll ``status()`` (``serve.status``) until ``app_name`` runs; StateError with the
+    deployments' messages when it fails or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = status().applications.get(app_name)
+        state = str(getattr(app.status, "value", app.status)) if app is not None else "NOT_STARTED"
+        if state == "RUNNING":
+            return
+        if app is not None and state in ("DEPLOY_FAILED", "UNHEALTHY"):
+            detail = describe(app) or " ".join(str(app.message or "").split())
+            raise StateError(
+                f"Ray Serve could not deploy {app_name!r} ({state}):\n{detail}\n"
+                "fix: the message above is the replica's own error (a model file missing on a worker node, "
+                "a module not importable there, out of memory); `serve status` and the replica logs have more"
+            )
+        if time.monotonic() > deadline:
+            detail = describe(app) if app is not None else "the application was not created"
+            raise StateError(
+                f"Ray Serve did not bring {app_name!r} up within {timeout_s:g} s ({state}):\n{detail}\n"
+                "fix: replicas waiting to be scheduled need resources the cluster lacks (lower num_cpus / "
+                "num_gpus / replicas in deploy:, or add nodes); slow model loading needs a longer --deploy-timeout"
+            )
+        if progress is not None and app is not None:
+            pending = [
+                name for name, d in app.deployments.items() if str(getattr(d.status, "value", d.status)) != "HEALTHY"
+            ]
+            if pending:
+                progress(f"waiting for {', '.join(sorted(pending))}")
+        time.sleep(poll_s)

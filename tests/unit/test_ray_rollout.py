@@ -1,0 +1,100 @@
+"""Will a graph's deployments fit the cluster, and waiting for Serve with its diagnosis (no Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from usg.errors import StateError
+from usg.scale.ray_options import PlannedDeployment
+from usg.scale.ray_rollout import describe, unfit_deployments, wait_until_running
+
+
+def planned(name: str, cpus: float = 0, gpus: float = 0, replicas: int = 1, auto: bool = False) -> PlannedDeployment:
+    actor: dict[str, Any] = {"num_cpus": cpus}
+    if gpus:
+        actor["num_gpus"] = gpus
+    opts: dict[str, Any] = {"ray_actor_options": actor}
+    if auto:
+        opts["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": replicas + 4}
+    else:
+        opts["num_replicas"] = replicas
+    return PlannedDeployment(name, "model", name, opts)
+
+
+CPU_BOX = [{"CPU": 2.0, "memory": 1e9}]
+
+
+def test_a_gpu_replica_fits_no_cpu_node() -> None:
+    (u,) = unfit_deployments([planned("model-det", gpus=1), planned("router")], CPU_BOX)
+    assert (u.deployment, u.need, u.why) == ("model-det", {"GPU": 1.0}, "no node has that (the largest has GPU 0)")
+
+
+def test_replicas_that_fit_one_by_one_but_not_together_are_named() -> None:
+    plan = [planned("model-det", cpus=1, replicas=2), planned("model-rec", cpus=1, replicas=1, auto=True)]
+    unfit = unfit_deployments(plan, CPU_BOX)
+    assert [u.deployment for u in unfit] == ["model-det", "model-rec"]
+    assert "CPU 3 wanted, 2 in the cluster" in unfit[0].why
+    two_nodes = [*CPU_BOX, {"CPU": 2.0}]
+    assert unfit_deployments(plan, two_nodes) == []
+    assert unfit_deployments([planned("model-det"), planned("router")], CPU_BOX) == []  # num_cpus 0: fits
+
+
+@dataclass
+class Dep:
+    status: str
+    replica_states: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass
+class App:
+    status: str
+    deployments: dict[str, Dep]
+    message: str = ""
+
+
+@dataclass
+class Status:
+    applications: dict[str, App]
+
+
+TRACEBACK = """The deployment failed to start 3 times in a row. This may be due to a constructor failing.
+Traceback (most recent call last):
+  File "replica.py", line 10, in initialize
+    raise RuntimeError(traceback.format_exc())
+RuntimeError: Traceback (most recent call last):
+  File "onnxruntime.py", line 3, in load
+usg.errors.BackendError: model 'm': cannot load /models/m.onnx: No such file
+"""
+
+
+def test_a_failed_deploy_reports_each_replicas_own_error() -> None:
+    app = App("DEPLOY_FAILED", {"model-m": Dep("DEPLOY_FAILED", message=TRACEBACK), "router": Dep("HEALTHY")})
+    with pytest.raises(StateError) as info:
+        wait_until_running("g", timeout_s=5, status=lambda: Status({"g": app}), poll_s=0.01)
+    assert str(info.value).splitlines()[1] == (
+        "model-m: DEPLOY_FAILED (no replicas yet): The deployment failed to start 3 times in a row: "
+        "usg.errors.BackendError: model 'm': cannot load /models/m.onnx: No such file"
+    )
+
+
+def test_replicas_never_scheduled_end_in_a_timeout_with_serves_message() -> None:
+    pending = "Deployment 'model-det' has 1 replicas that have taken more than 30s to be scheduled. " + (
+        'Resources required for each replica: {"CPU": 0, "GPU": 1}, total resources available: {"CPU": 2}.'
+    )
+    app = App("DEPLOYING", {"model-det": Dep("UPDATING", {"PENDING_ALLOCATION": 1}, pending)})
+    seen: list[str] = []
+    with pytest.raises(StateError, match=r"did not bring 'g' up within 0.2 s \(DEPLOYING\)") as info:
+        wait_until_running("g", timeout_s=0.2, status=lambda: Status({"g": app}), progress=seen.append, poll_s=0.01)
+    assert "model-det: UPDATING (PENDING_ALLOCATION 1): Deployment 'model-det' has 1 replicas" in str(info.value)
+    assert '"GPU": 1' in str(info.value) and seen and seen[0] == "waiting for model-det"
+
+
+def test_running_returns_and_healthy_deployments_are_not_listed() -> None:
+    calls = iter([Status({}), Status({"g": App("DEPLOYING", {"a": Dep("UPDATING")})})])
+    final = Status({"g": App("RUNNING", {"a": Dep("HEALTHY")})})
+    wait_until_running("g", timeout_s=5, status=lambda: next(calls, final), poll_s=0.01)
+    assert describe(App("RUNNING", {"a": Dep("HEALTHY")})) == ""
