@@ -287,11 +287,9 @@ def test_a_replica_that_cannot_start_fails_the_deploy_with_its_own_error(ray_url
     model.write_bytes(b"truncated on the worker")  # valid when the graph was loaded, not when replicas load
     port = int(ray_url.rsplit(":", 1)[1])
     t0 = time.monotonic()
-    try:
-        with pytest.raises(StateError) as info:
-            deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/broken", deploy_timeout_s=120)
-    finally:
-        serve.delete("broken-model")
+    with pytest.raises(StateError) as info:
+        deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/broken", deploy_timeout_s=120)
+    assert "broken-model" not in serve.status().applications  # the failed application was removed
     message = str(info.value)
     assert "could not deploy 'broken-model' (DEPLOY_FAILED)" in message
     assert "model-m: DEPLOY_FAILED" in message and "identity.onnx" in message, message

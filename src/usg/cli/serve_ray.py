@@ -52,6 +52,8 @@ def serve_on_ray(
     signal.signal(signal.SIGINT, on_signal)
 
     config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
+    joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+    deployed = False
     try:
         what = f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"
         with err_console.status(what) as status:
@@ -67,6 +69,7 @@ def serve_on_ray(
                 warn=lambda text: err_console.print(f"[yellow]warning: {text}[/]"),
             )
         deploying[0] = False
+        deployed = True
         deployments = sorted(serve.status().applications[graph.name].deployments)
         err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
         while not signals:
@@ -78,9 +81,9 @@ def serve_on_ray(
         if signals:
             err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:
-            if ray_address or os.environ.get("RAY_ADDRESS"):
+            if not joined:
+                serve.shutdown()  # our private Ray's Serve
+            elif deployed:  # (a failed deploy removed its application itself)
                 serve.delete(graph.name)  # leave the shared cluster's other applications alone
-            else:
-                serve.shutdown()
         except Exception as exc:  # do not hide the error that brought us here
             err_console.print(f"[yellow]Ray Serve clean-up failed: {type(exc).__name__}: {exc}[/]")

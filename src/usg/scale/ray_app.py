@@ -173,7 +173,8 @@ def deploy_graph(
 ) -> str:
     """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL once every
     deployment runs. UsageError up front when the deployments cannot fit a private local Ray;
-    StateError with Serve's diagnosis when they fail or are not up within ``deploy_timeout_s``."""
+    StateError with Serve's diagnosis when they fail or are not up within ``deploy_timeout_s``
+    (the application is deleted then, as when the wait is interrupted)."""
     serve = _serve()
     import ray
 
@@ -186,8 +187,14 @@ def deploy_graph(
     _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)
     target = serve.RunTarget(app, name=graph.name, route_prefix=route_prefix)
+    if graph.name in serve.status().applications:
+        warn(f"application {graph.name!r} already runs on this cluster: Serve updates it in place; stopping deletes it")
     serve.run_many([target], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
-    wait_until_running(graph.name, timeout_s=deploy_timeout_s, status=serve.status, progress=progress)
+    try:
+        wait_until_running(graph.name, timeout_s=deploy_timeout_s, status=serve.status, progress=progress)
+    except BaseException:  # failed, timed out or interrupted: remove what this call deployed
+        serve.delete(graph.name)
+        raise
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
 
 
