@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +110,7 @@ def main() -> None:
         ratios.append(ratio)
         print(f"{r:>5} ray / embedded throughput = {ratio:.2f}x")
     ratios.sort()
-    print(f"median ray / embedded over {len(ratios)} round(s): {ratios[len(ratios) // 2]:.2f}x")
+    print(f"median ray / embedded over {len(ratios)} round(s): {statistics.median(ratios):.2f}x")
 
 
 if __name__ == "__main__":

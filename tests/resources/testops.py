@@ -70,3 +70,8 @@ def negate(x: np.ndarray) -> dict[str, Any]:
 @op(outputs={"n": TensorSpec("float32", (1, 1))})
 def text_length(text: str, *, scale: float = 1.0) -> dict[str, Any]:
     return {"n": np.array([[len(text) * scale]], dtype=np.float32)}
+
+
+def doubled(inputs: Any) -> dict[str, Any]:
+    """A python-backend model: a dict of batched arrays in, ``y = 2 x`` out (batch size kept)."""
+    return {"y": np.asarray(inputs["x"]) * 2}

@@ -121,7 +121,7 @@ class RemoteDoubler(FakeBackend):
         )
         self.loop_thread: set[int] = set()
 
-    async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def ainfer(self, inputs: Mapping[str, Any], timing: Any = None) -> dict[str, Any]:
         self.loop_thread.add(threading.get_ident())
         await asyncio.sleep(0)
         return self.infer(inputs)

@@ -200,3 +200,72 @@ def test_otel_variables_reach_the_router_replicas(monkeypatch: pytest.MonkeyPatc
         "num_cpus": 0,
         "runtime_env": {"env_vars": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "A": "1"}},
     }
+
+
+def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
+    """What a model replica does with the items @serve.batch gathered (outside a cluster: the batch
+    is handed over directly): one BatchEvent rides back with the first item, and every reply
+    carries the compute and size of the call that ran it."""
+    from usg.graph import GraphBuilder
+    from usg.graph.model import BatchPolicy
+    from usg.scale.ray_replicas import ModelReplica
+    from usg.specs import TensorSpec
+
+    g = (
+        GraphBuilder("g")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:doubled"}, batch=BatchPolicy(max_size=8, max_delay_ms=50))
+        .node("n", model="m", inputs={"x": "inputs.x"})
+        .output("y", "n.y")
+        .build()
+    )
+    replica = ModelReplica(g.models["m"])
+
+    import time
+
+    gathered = [({"x": np.full((1, 2), i, np.float32)}, time.perf_counter()) for i in range(3)]
+    replies = asyncio.run(replica._run_batch(gathered))
+    assert [r.outputs["y"].tolist() for r in replies] == [[[0.0, 0.0]], [[2.0, 2.0]], [[4.0, 4.0]]]  # type: ignore[index]
+    assert [len(r.batches) for r in replies] == [1, 0, 0]
+    (event,) = replies[0].batches
+    assert (event.model, event.items, event.ok) == ("m", 3, True) and len(event.queue_ms) == 3
+    assert {r.batch_size for r in replies} == {3} and {r.compute_ms for r in replies} == {event.compute_ms}
+    assert replica.stats() == {"items": 3, "calls": 1}
+
+
+def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
+    """A remote model's node event: compute is the replica's, the rest of the round trip is waiting."""
+    from usg.graph import GraphBuilder
+    from usg.runtime.observer import NodeEvent, Observer
+    from usg.specs import TensorSpec
+
+    class Hop(ReplicaStandIn):
+        def remote(self, item: dict[str, Any]) -> Any:
+            async def get() -> ReplicaReply:
+                await asyncio.sleep(0.05)  # the hop and the replica's queue
+                return ReplicaReply({"x": item["x"]}, compute_ms=4.0, batch_size=2)
+
+            return get()
+
+    class Events(Observer):
+        def __init__(self) -> None:
+            self.nodes: list[NodeEvent] = []
+
+        def node_finished(self, event: NodeEvent) -> None:
+            self.nodes.append(event)
+
+    spec = {"x": TensorSpec("float32", ("batch", None))}
+    g = (
+        GraphBuilder("g")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:identity"})
+        .node("n", model="m", inputs={"x": "inputs.x"})
+        .output("y", "n.x")
+        .build()
+    )
+    backend = RayModelBackend("m", Hop(lambda item: item, spec, spec))
+    events = Events()
+    with Executor(g, backends={"m": backend}, observers=[events]) as ex:
+        ex.infer_sync({"x": np.ones((1, 2), np.float32)})
+    (node,) = events.nodes
+    assert node.compute_ms == 4.0 and node.queue_ms >= 40.0, node

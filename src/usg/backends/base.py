@@ -17,6 +17,7 @@ from usg.specs import TensorSpec
 
 if TYPE_CHECKING:
     from usg.runtime.batcher import BatchEvent
+    from usg.runtime.runner import ItemTiming
 
 __all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
 
@@ -44,8 +45,9 @@ class Backend(abc.ABC):
     #: adds its observers there, so metrics see remote batches as they see local ones
     remote_batching: bool = False
 
-    async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one item remotely (only for ``remote`` backends)."""
+    async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        """Run one item remotely (only for ``remote`` backends). A backend that knows where the
+        time went on the far side fills ``timing`` (queue there + transit, and compute)."""
         raise NotImplementedError(f"{type(self).__name__} is not a remote backend")
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:

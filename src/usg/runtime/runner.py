@@ -79,9 +79,17 @@ class DirectRunner:
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         if self.backend.remote:
-            out = await self.backend.ainfer(item)
-            if timing is not None:
-                timing.compute_ms = (time.perf_counter() - t0) * 1e3
+            if timing is None:
+                return await self.backend.ainfer(item)
+            far = ItemTiming(compute_ms=-1.0)
+            out = await self.backend.ainfer(item, far)
+            round_trip = (time.perf_counter() - t0) * 1e3
+            if far.compute_ms < 0:  # the backend does not say: the round trip counts as compute
+                timing.compute_ms = round_trip
+            else:  # the hop and the far side's queue are waiting; compute is the model's own
+                timing.compute_ms = min(far.compute_ms, round_trip)
+                timing.queue_ms = round_trip - timing.compute_ms
+                timing.batch_size = far.batch_size
             return out
         async with self._sem:
             t1 = time.perf_counter()

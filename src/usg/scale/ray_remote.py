@@ -19,6 +19,7 @@ from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import ReplicaUnavailable, USGError
+from usg.runtime.runner import ItemTiming
 from usg.scale.reply import ReplicaReply
 
 __all__ = ["RayFn", "RayModelBackend", "replica_failure_types"]
@@ -110,10 +111,13 @@ class RayModelBackend(DeclaredSpecsBackend):
         self.remote_batching = batching  # the replicas batch (@serve.batch) and report each batch
         self.retry = _Retry(f"model {model!r}", f"model-{model}")
 
-    def _outputs(self, reply: ReplicaReply) -> dict[str, Any]:
+    def _outputs(self, reply: ReplicaReply, timing: ItemTiming | None = None) -> dict[str, Any]:
         for event in reply.batches:
             for listener in self.batch_listeners:
                 listener(event)
+        if timing is not None:
+            timing.compute_ms = reply.compute_ms
+            timing.batch_size = reply.batch_size
         out: dict[str, Any] = _unwrap(reply.outputs)
         return out
 
@@ -126,9 +130,9 @@ class RayModelBackend(DeclaredSpecsBackend):
         item = dict(inputs)
         return self._outputs(self.retry.sync(lambda: self.handle.remote(item).result()))
 
-    async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         item = dict(inputs)
-        return self._outputs(await self.retry.run(lambda: self.handle.remote(item)))
+        return self._outputs(await self.retry.run(lambda: self.handle.remote(item)), timing)
 
     @property
     def description(self) -> str:

@@ -65,10 +65,14 @@ class ModelReplica:
         async with self._calls:
             self._items += 1
             self._backend_calls += 1
+            t0 = time.perf_counter()
             try:
-                return ReplicaReply(await asyncio.to_thread(call_backend, self.backend, self.model.name, item))
+                out: dict[str, Any] | USGError = await asyncio.to_thread(
+                    call_backend, self.backend, self.model.name, item
+                )
             except USGError as exc:
-                return ReplicaReply(exc)
+                out = exc
+            return ReplicaReply(out, compute_ms=(time.perf_counter() - t0) * 1e3)
 
     async def _run_batch(self, entries: list[tuple[Mapping[str, Any], float]]) -> list[ReplicaReply]:
         started = time.perf_counter()
@@ -78,11 +82,23 @@ class ModelReplica:
         results, calls = await asyncio.to_thread(run_items, self.backend, self.model.name, items, pad, waits)
         self._items += len(items)
         self._backend_calls += len(calls)
-        # each call's event rides back with the first item it ran, so the router counts it once
+        # each call's event rides back with the first item it ran, so the router counts it once;
+        # every item carries the compute and size of the (last) call that ran it
         events: dict[int, list[BatchEvent]] = {}
+        ran_by: dict[int, BatchEvent] = {}
         for call in calls:
             events.setdefault(call.indices[0], []).append(call.event)
-        return [ReplicaReply(out, tuple(events.get(i, ()))) for i, out in enumerate(results)]
+            for i in call.indices:
+                ran_by[i] = call.event
+        return [
+            ReplicaReply(
+                out,
+                tuple(events.get(i, ())),
+                compute_ms=ran_by[i].compute_ms if i in ran_by else 0.0,
+                batch_size=ran_by[i].items if i in ran_by else 1,
+            )
+            for i, out in enumerate(results)
+        ]
 
 
 class FnReplica:

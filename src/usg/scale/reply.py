@@ -4,7 +4,8 @@ The item's outputs (or the USG error that item caused, so the router re-raises t
 type), and the batches that this item was the first of: one
 :class:`usg.runtime.batcher.BatchEvent` per backend call, reported once per call, so the
 router's ``/metrics`` (``usg_batch_size``, queue wait, compute, padding waste) and
-``usg bench``'s breakdown describe replica batching as they describe in-process batching.
+``usg bench``'s breakdown describe replica batching as they describe in-process batching;
+and the item's own compute time, so a trace separates the hop from the model.
 """
 
 from __future__ import annotations
@@ -22,3 +23,5 @@ __all__ = ["ReplicaReply"]
 class ReplicaReply:
     outputs: dict[str, Any] | USGError
     batches: tuple[BatchEvent, ...] = ()
+    compute_ms: float = 0.0  # the backend call that ran this item (its whole batch)
+    batch_size: int = 1

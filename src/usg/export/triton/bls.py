@@ -81,7 +81,7 @@ class TritonBLSBackend(DeclaredSpecsBackend):
             out[name] = drop_item_axis(tensor.as_numpy(), self.item_axis, name)
         return out
 
-    async def ainfer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def ainfer(self, inputs: Mapping[str, Any], timing: Any = None) -> dict[str, Any]:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.infer, inputs)
 
 
