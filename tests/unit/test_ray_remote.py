@@ -18,6 +18,21 @@ from usg.scale.ray_remote import RayFn, RayModelBackend
 from usg.scale.reply import ReplicaReply
 
 
+def one_model_graph(callable_: str, *, output: str, batch: Any = None) -> Any:
+    """inputs.x → model m (a python backend) → outputs.y = the model's ``output`` port."""
+    from usg.graph import GraphBuilder
+    from usg.specs import TensorSpec
+
+    return (
+        GraphBuilder("g")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": callable_}, batch=batch)
+        .node("n", model="m", inputs={"x": "inputs.x"})
+        .output("y", f"n.{output}")
+        .build()
+    )
+
+
 class FlakyHandle:
     """Fails the first ``failures`` calls the way a dead replica does, then answers."""
 
@@ -162,20 +177,12 @@ def test_the_ray_router_exports_spans_with_otel() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from starlette.testclient import TestClient
 
-    from usg.graph import GraphBuilder
     from usg.scale.ray_router import Router
     from usg.serve.app import ServeConfig
     from usg.specs import TensorSpec
 
     spec = {"x": TensorSpec("float32", ("batch", None))}
-    g = (
-        GraphBuilder("g")
-        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
-        .model("m", "python", options={"callable": "testops:identity"})
-        .node("dbl", model="m", inputs={"x": "inputs.x"})
-        .output("y", "dbl.x")
-        .build()
-    )
+    g = one_model_graph("testops:identity", output="x")
     handle = ReplicaStandIn(lambda item: {"x": item["x"] * 2}, spec, spec)
     router = Router(g, {"m": handle}, {}, ServeConfig(max_inflight=4), 30.0, "console")
     app = router.__serve_build_asgi_app__()
@@ -186,9 +193,9 @@ def test_the_ray_router_exports_spans_with_otel() -> None:
         assert r.status_code == 200, r.text
         assert r.json()["outputs"]["y"] == [[2.0, 4.0]]
     by_name = {span.name: span for span in spans.get_finished_spans()}
-    assert {"usg.request", "node dbl", "queue", "compute"} <= set(by_name)
-    assert by_name["node dbl"].attributes["usg.model"] == "m"
-    assert by_name["node dbl"].parent.span_id == by_name["usg.request"].context.span_id
+    assert {"usg.request", "node n", "queue", "compute"} <= set(by_name)
+    assert by_name["node n"].attributes["usg.model"] == "m"
+    assert by_name["node n"].parent.span_id == by_name["usg.request"].context.span_id
 
 
 def test_otel_variables_reach_the_router_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,19 +213,10 @@ def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
     """What a model replica does with the items @serve.batch gathered (outside a cluster: the batch
     is handed over directly): one BatchEvent rides back with the first item, and every reply
     carries the compute and size of the call that ran it."""
-    from usg.graph import GraphBuilder
     from usg.graph.model import BatchPolicy
     from usg.scale.ray_replicas import ModelReplica
-    from usg.specs import TensorSpec
 
-    g = (
-        GraphBuilder("g")
-        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
-        .model("m", "python", options={"callable": "testops:doubled"}, batch=BatchPolicy(max_size=8, max_delay_ms=50))
-        .node("n", model="m", inputs={"x": "inputs.x"})
-        .output("y", "n.y")
-        .build()
-    )
+    g = one_model_graph("testops:doubled", output="y", batch=BatchPolicy(max_size=8, max_delay_ms=50))
     replica = ModelReplica(g.models["m"])
 
     import time
@@ -235,7 +233,6 @@ def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
 
 def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
     """A remote model's node event: compute is the replica's, the rest of the round trip is waiting."""
-    from usg.graph import GraphBuilder
     from usg.runtime.observer import NodeEvent, Observer
     from usg.specs import TensorSpec
 
@@ -255,14 +252,7 @@ def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
             self.nodes.append(event)
 
     spec = {"x": TensorSpec("float32", ("batch", None))}
-    g = (
-        GraphBuilder("g")
-        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
-        .model("m", "python", options={"callable": "testops:identity"})
-        .node("n", model="m", inputs={"x": "inputs.x"})
-        .output("y", "n.x")
-        .build()
-    )
+    g = one_model_graph("testops:identity", output="x")
     backend = RayModelBackend("m", Hop(lambda item: item, spec, spec))
     events = Events()
     with Executor(g, backends={"m": backend}, observers=[events]) as ex:
