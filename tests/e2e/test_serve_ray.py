@@ -41,6 +41,8 @@ def test_ray_only_flags_are_refused_for_the_embedded_engine(tmp_path) -> None:  
 
     p = subprocess.run([str(USG), "serve", str(GRAPH), "--ray-address", "auto"], capture_output=True, text=True)
     assert p.returncode == 2 and "--ray-address needs --engine ray" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([str(USG), "serve", str(GRAPH), "--deploy-timeout", "5"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--deploy-timeout needs --engine ray" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_an_unreachable_cluster_fails_fast_with_the_fix() -> None:

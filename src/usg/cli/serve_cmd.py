@@ -108,6 +108,9 @@ def serve(
         return
     if ray_address:
         raise UsageError("--ray-address needs --engine ray; fix: add --engine ray or drop --ray-address")
+    source = click.get_current_context().get_parameter_source("deploy_timeout")
+    if source is not None and source is not click.core.ParameterSource.DEFAULT:
+        raise UsageError("--deploy-timeout needs --engine ray; fix: add --engine ray or drop --deploy-timeout")
     try:
         import uvicorn
     except ImportError:
