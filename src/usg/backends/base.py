@@ -9,6 +9,7 @@ tokenizers, lists of strings in). Backends are created from a
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -46,9 +47,10 @@ class Backend(abc.ABC):
     remote_batching: bool = False
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
-        """Run one item remotely (only for ``remote`` backends). A backend that knows where the
-        time went on the far side fills ``timing`` (queue there + transit, and compute)."""
-        raise NotImplementedError(f"{type(self).__name__} is not a remote backend")
+        """Run one item without blocking the event loop: remote backends override this (a backend
+        that knows where the time went on the far side fills ``timing``: queue + transit, and
+        compute); the default runs :meth:`infer` in a worker thread."""
+        return await asyncio.to_thread(self.infer, inputs)
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
         """Whether this call is cheap enough to run on the event loop (see :attr:`inline`)."""

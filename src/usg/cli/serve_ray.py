@@ -32,14 +32,15 @@ def serve_on_ray(
 
         make_tracer_provider(otel).shutdown()
     signals: list[int] = []
-    deploying = [True]
+    deploying = True
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         # no lock here (an Event's would deadlock when a second signal lands while the first
         # is handled: `timeout` and a process manager both sending SIGTERM, Ctrl-C twice)
+        nonlocal deploying
         signals.append(sig)
-        if deploying[0]:
-            deploying[0] = False
+        if deploying:
+            deploying = False
             raise KeyboardInterrupt  # interrupt serve.run; the application is removed below
 
     with err_console.status("starting Ray"):
@@ -68,7 +69,7 @@ def serve_on_ray(
                 progress=lambda text: status.update(f"{what}: {text}"),
                 warn=lambda text: err_console.print(f"[yellow]warning: {text}[/]"),
             )
-        deploying[0] = False
+        deploying = False
         deployed = True
         deployments = sorted(serve.status().applications[graph.name].deployments)
         err_console.print(f"[dim]serving graph {graph.name!r} on {url} with Ray Serve: {', '.join(deployments)}[/]")
@@ -77,7 +78,7 @@ def serve_on_ray(
     except KeyboardInterrupt:
         pass
     finally:
-        deploying[0] = False
+        deploying = False
         if signals:
             err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:

@@ -26,7 +26,7 @@ __all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
 
 _MIN_RAY = (2, 60)
 log = logging.getLogger("usg.scale.ray")
-_started_here = [False]  # connect_ray started a private local Ray (it can never grow)
+_started_here = False  # connect_ray started a private local Ray (it can never grow)
 
 
 def _serve() -> Any:
@@ -47,6 +47,7 @@ def _serve() -> Any:
 def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``; ``auto``: the one ``ray start``
     runs on this machine), else start a private local one (even if ``ray start`` runs here)."""
+    global _started_here
     _serve()
     import ray
 
@@ -54,7 +55,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        _started_here[0] = False
+        _started_here = False
         _probe(address)
         token = _use_token_if_available()
         try:
@@ -72,7 +73,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
                 f"fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS; {auth}"
             ) from None
     else:
-        _started_here[0] = True
+        _started_here = True
         ray.init(
             address="local",  # not a cluster `ray start` left running here: that one is --ray-address auto
             num_cpus=num_cpus or os.cpu_count() or 2,
@@ -182,7 +183,7 @@ def deploy_graph(
 
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
-    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here[0], warn=warn)
+    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here, warn=warn)
     serve.start(http_options={"host": host, "port": port})
     _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)

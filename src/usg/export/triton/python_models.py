@@ -17,6 +17,7 @@ response naming the model; the other requests of the same call are unaffected.
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,8 +45,9 @@ def triton_error(exc: BaseException) -> Any:
     return pb.TritonError(message) if code is None else pb.TritonError(message, code)
 
 
-class TritonModelBase:
-    """Config reading, request decoding and response encoding shared by the USG Python models."""
+class TritonModelBase(abc.ABC):
+    """Config reading, request decoding and response encoding shared by the USG Python models;
+    subclasses say what one request computes (:meth:`run`)."""
 
     def initialize(self, args: Mapping[str, str]) -> None:
         self.config = json.loads(args["model_config"])
@@ -78,8 +80,9 @@ class TritonModelBase:
         ]
         return pb.InferenceResponse(output_tensors=tensors)
 
+    @abc.abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> Mapping[str, Any]:
-        raise NotImplementedError
+        """The outputs of one request's inputs."""
 
     def run_all(self, inputs: list[dict[str, np.ndarray]]) -> list[Mapping[str, Any] | BaseException]:
         results: list[Mapping[str, Any] | BaseException] = []
