@@ -12,13 +12,10 @@ import abc
 import asyncio
 import enum
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from usg.records import BatchEvent, ItemTiming
 from usg.specs import TensorSpec
-
-if TYPE_CHECKING:
-    from usg.runtime.batcher import BatchEvent
-    from usg.runtime.runner import ItemTiming
 
 __all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
 
@@ -42,7 +39,7 @@ class Backend(abc.ABC):
     #: concurrency cap (the remote side queues and batches)
     remote: bool = False
     #: True for remote backends whose far side batches calls and reports each batch it ran
-    #: (a :class:`usg.runtime.batcher.BatchEvent`) to :attr:`batch_listeners`; the executor
+    #: (a :class:`usg.records.BatchEvent`) to :attr:`batch_listeners`; the executor
     #: adds its observers there, so metrics see remote batches as they see local ones
     remote_batching: bool = False
 

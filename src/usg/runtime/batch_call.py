@@ -4,7 +4,7 @@ Used where something else collected the items (Ray Serve's ``@serve.batch``): it
 share a batch (:func:`usg.runtime.padding.group_key`) are assembled, padded where the model
 declares it, run in one call and split back; a failing call is split and retried so only the
 failing items fail (the same poison isolation as :class:`usg.runtime.batcher.BatchingRunner`).
-Each backend call is described by a :class:`usg.runtime.batcher.BatchEvent`, the record the
+Each backend call is described by a :class:`usg.records.BatchEvent`, the record the
 in-process batcher gives metrics, so both engines report batches the same way.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from usg.backends.base import Backend
 from usg.errors import BackendError
 from usg.graph.model import PadPolicy
-from usg.runtime.batcher import BatchEvent
+from usg.records import BatchEvent
 from usg.runtime.padding import assemble, group_key, item_length, item_rows, split_outputs
 from usg.runtime.runner import call_backend
 

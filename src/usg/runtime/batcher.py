@@ -24,26 +24,13 @@ from typing import Any
 from usg.backends.base import Backend
 from usg.errors import BackendError, Overloaded, StateError
 from usg.graph.model import BatchPolicy, PadPolicy
+from usg.records import BatchEvent, ItemTiming
 from usg.runtime.padding import assemble, group_key, item_length, item_rows, padded_elements, split_outputs
-from usg.runtime.runner import ItemTiming, call_backend
+from usg.runtime.runner import call_backend
 
 __all__ = ["BatchEvent", "BatchingRunner"]
 
 log = logging.getLogger("usg.runtime.batcher")
-
-
-@dataclass(frozen=True)
-class BatchEvent:
-    """One backend call made by a batcher (for metrics)."""
-
-    model: str
-    items: int
-    rows: int
-    real_elements: int
-    padded_elements: int
-    queue_ms: tuple[float, ...]
-    compute_ms: float
-    ok: bool
 
 
 @dataclass(eq=False)  # identity: items hold arrays, and _take_batch looks items up with list.index

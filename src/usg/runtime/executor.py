@@ -23,11 +23,12 @@ from usg.backends import Backend, create_backend
 from usg.backends.python_fn import accepted_params, import_callable
 from usg.errors import BackendError, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import Graph, NodeDef
+from usg.records import ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs
 from usg.runtime.inputs import normalize_inputs
-from usg.runtime.observer import NodeEvent, Observer
+from usg.runtime.observer import Observer
 from usg.runtime.result import InferResult
-from usg.runtime.runner import DirectRunner, ItemTiming, ModelRunner
+from usg.runtime.runner import DirectRunner, ModelRunner
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]

@@ -12,22 +12,13 @@ import asyncio
 import time
 from collections.abc import Mapping
 from concurrent.futures import Executor as PoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from usg.backends.base import Backend
 from usg.errors import BackendError, USGError
+from usg.records import ItemTiming
 
 __all__ = ["DirectRunner", "ItemTiming", "ModelRunner"]
-
-
-@dataclass
-class ItemTiming:
-    """Where an item's time went: waiting for a batch slot, and inside the backend."""
-
-    queue_ms: float = 0.0
-    compute_ms: float = 0.0
-    batch_size: int = 1
 
 
 class ModelRunner(Protocol):

@@ -5,7 +5,7 @@ A model replica loads the same backend the in-process executor would
 model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
 is split into shape-compatible groups and run by :func:`usg.runtime.batch_call.run_items`
 (padding and poison isolation as in-process), and each backend call's
-:class:`~usg.runtime.batcher.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
+:class:`~usg.records.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
 for the router's metrics. A node replica calls the node's Python function. Both return USG
 errors as values, so the router re-raises the original error type instead of a wrapped
 ``RayTaskError``.
@@ -24,8 +24,8 @@ from usg.backends import create_backend
 from usg.backends.python_fn import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
+from usg.records import BatchEvent
 from usg.runtime.batch_call import run_items
-from usg.runtime.batcher import BatchEvent
 from usg.runtime.runner import call_backend
 from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
