@@ -94,6 +94,17 @@ class ModelDef:
     # how to produce the file when it is missing (e.g. {"exporter": "hf-text-encoder", ...})
     export: dict[str, Any] | None = None
 
+    @property
+    def concurrency(self) -> int:
+        """``options.concurrency``: backend calls (batches) in flight at once (validated at build)."""
+        return max(1, int(self.options.get("concurrency", 1)))
+
+    @property
+    def call_timeout_s(self) -> float | None:
+        """``options.call_timeout_ms`` in seconds: the deadline of one backend call (None: none)."""
+        ms = self.options.get("call_timeout_ms")
+        return None if ms is None else float(ms) / 1e3
+
 
 @dataclass(frozen=True)
 class NodeDef:

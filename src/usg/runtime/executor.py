@@ -154,7 +154,7 @@ class Executor:
 
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
-        concurrency = int(model.options.get("concurrency", 1))
+        concurrency = model.concurrency
         listeners = [obs.batch_finished for obs in self.observers]
         if backend.remote_batching:
             backend.batch_listeners[:] = listeners
@@ -168,8 +168,9 @@ class Executor:
                 model.batch,
                 concurrency=concurrency,
                 listeners=listeners,
+                call_timeout_s=model.call_timeout_s,
             )
-        return DirectRunner(name, backend, self._pool, concurrency=concurrency)
+        return DirectRunner(name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s)
 
     async def aclose(self) -> None:
         """Stop runners (finishing queued items) and close backends."""

@@ -15,8 +15,8 @@ from concurrent.futures import Executor as PoolExecutor
 from typing import Any, Protocol
 
 from usg.backends.base import Backend
-from usg.errors import BackendError, USGError
 from usg.records import ItemTiming
+from usg.runtime.kernel import call_backend, call_with_deadline
 
 __all__ = ["DirectRunner", "ItemTiming", "ModelRunner"]
 
@@ -36,27 +36,27 @@ class ModelRunner(Protocol):
     async def stop(self) -> None: ...
 
 
-def call_backend(backend: Backend, model: str, batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one batch, turning unexpected exceptions into BackendError that names the model."""
-    try:
-        return backend.infer(batch)
-    except USGError:
-        raise
-    except Exception as exc:
-        raise BackendError(f"model {model!r} raised {type(exc).__name__}: {exc}") from exc
-
-
 class DirectRunner:
     """One backend call per item, at most ``concurrency`` at a time (like one Triton instance).
 
-    A remote backend (``backend.remote``) is awaited directly with no local cap: the remote
-    deployment queues, batches and pushes back.
+    With ``call_timeout_s`` a call past the deadline fails (and frees its slot) with a
+    BackendError; see :mod:`usg.runtime.kernel`. A remote backend (``backend.remote``) is
+    awaited directly with no local cap: the remote deployment queues, batches and pushes back.
     """
 
-    def __init__(self, model: str, backend: Backend, pool: PoolExecutor, *, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        model: str,
+        backend: Backend,
+        pool: PoolExecutor,
+        *,
+        concurrency: int = 1,
+        call_timeout_s: float | None = None,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.pool = pool
+        self.call_timeout_s = call_timeout_s
         self._sem = asyncio.Semaphore(max(1, concurrency))
 
     @property
@@ -87,8 +87,7 @@ class DirectRunner:
             if self.backend.runs_inline(item):
                 out = call_backend(self.backend, self.model, item)
             else:
-                loop = asyncio.get_running_loop()
-                out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, item)
+                out = await call_with_deadline(self.pool, self.backend, self.model, item, self.call_timeout_s)
         if timing is not None:
             timing.queue_ms = (t1 - t0) * 1e3
             timing.compute_ms = (time.perf_counter() - t1) * 1e3
