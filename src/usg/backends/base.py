@@ -2,8 +2,8 @@
 
 A backend runs one *batch* per :meth:`Backend.infer` call, in a worker thread.
 Inputs and outputs are dicts of arrays whose axis 0 is the batch axis (for
-tokenizers, lists of strings in). Backends are created from a
-:class:`usg.graph.ModelDef` by :func:`usg.backends.create_backend`.
+tokenizers, lists of strings in). Backends are created from their kind, file and
+options by :func:`usg.backends.create_backend`.
 """
 
 from __future__ import annotations

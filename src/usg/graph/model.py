@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from usg.graph.deploy import DeploySpec
+from usg.graph.limits import GraphLimits
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["BatchPolicy", "Graph", "InputDef", "ModelDef", "NodeDef", "PadPolicy", "Ref"]
@@ -133,7 +134,7 @@ class Graph:
     outputs: dict[str, Ref]
     source: Path | None = None
     order: tuple[str, ...] = ()  # node names in a topological order
-    limits: dict[str, Any] = field(default_factory=dict)
+    limits: GraphLimits = field(default_factory=GraphLimits)
     # replicas / autoscaling / resources for the scale-out engines (Ray Serve, Triton export)
     deploy: DeploySpec = field(default_factory=DeploySpec)
 

@@ -41,9 +41,27 @@ def _expand_env(text: str) -> str:
     return _ENV.sub(sub, text)
 
 
+_MAX_PATH = 4096  # PATH_MAX on Linux
+_MAX_NAME = 255  # NAME_MAX: one path component
+
+
+def _check_text(raw: str, text: str) -> None:
+    shown = raw if len(raw) <= 80 else f"{raw[:60]}... ({len(raw)} characters)"
+    if "\x00" in text:
+        raise PathResolutionError(f"path {shown!r} contains a NUL character", "write the file's path without it")
+    longest = max((len(part) for part in text.split("/")), default=0)
+    if len(text) > _MAX_PATH or longest > _MAX_NAME:
+        raise PathResolutionError(
+            f"path {shown!r} is too long ({len(text)} characters, longest name {longest}; "
+            f"the limits are {_MAX_PATH} and {_MAX_NAME})",
+            "write the model file's real path",
+        )
+
+
 def resolve_path(raw: str, base_dir: Path | None) -> Path:
     """Turn a path as written in a graph file into an absolute path (which may not exist)."""
     text = os.path.expanduser(_expand_env(str(raw)))
+    _check_text(str(raw), text)
     if text.startswith("pkg://"):
         rest = text[len("pkg://") :]
         package, _, rel = rest.partition("/")

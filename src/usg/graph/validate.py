@@ -12,39 +12,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from usg.callables import import_callable
 from usg.errors import GraphError, GraphProblem
+from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
+from usg.graph.limits import GraphLimits
 from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.graph.options import model_option_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
-from usg.specs import TensorSpec
+from usg.specs import TensorSpec, merge_declared
 
 __all__ = ["ModelIO", "describe_model", "validate_graph"]
 
-ModelIO = tuple[dict[str, TensorSpec], dict[str, TensorSpec]]
-
 
 def describe_model(model: ModelDef) -> ModelIO | None:
-    """Input/output specs a model's file declares, without loading a session (None: unknown)."""
-    if model.backend == "onnxruntime" and model.path is not None and model.path.is_file():
-        from usg.backends.onnxruntime import describe_onnx
-
-        ins, outs, _ = describe_onnx(model.path)
-    elif model.backend == "tokenizer":
-        from usg.backends.tokenizer import TOKENIZER_INPUTS, TOKENIZER_OUTPUTS
-
-        ins, outs = dict(TOKENIZER_INPUTS), dict(TOKENIZER_OUTPUTS)
-    else:
+    """Input/output specs a model's file declares (tightened by the graph's declared input
+    specs), without loading a session; None when its backend kind cannot say."""
+    kind = model_kinds().get(model.backend)
+    if kind is None or kind.describe is None:
         return None
-    merged = dict(ins)
-    for name, declared in model.input_specs.items():
-        base = merged.get(name, TensorSpec())
-        merged[name] = TensorSpec(
-            dtype=declared.dtype or base.dtype,
-            shape=declared.shape if declared.shape is not None else base.shape,
-            range=declared.range,
-            layout=declared.layout or base.layout,
-        )
-    return merged, dict(outs)
+    io = kind.describe(model.path)
+    if io is None:
+        return None
+    return merge_declared(io[0], model.input_specs), dict(io[1])
 
 
 def _suggest(name: str, options: list[str]) -> str:
@@ -123,18 +113,19 @@ class _Validator:
         return order
 
     def _models(self) -> None:
-        from usg.backends import BACKEND_KINDS
-
+        kinds = model_kinds()
         for m in self.models.values():
             where = f"models.{m.name}"
-            if m.backend not in BACKEND_KINDS:
+            kind = kinds.get(m.backend)
+            if kind is None:
                 self.add(
                     f"{where}.backend",
                     f"unknown backend {m.backend!r}",
-                    f"use one of: {', '.join(sorted(BACKEND_KINDS))}",
+                    f"use one of: {', '.join(sorted(kinds))}",
                 )
                 continue
-            if m.backend in ("onnxruntime", "tokenizer"):
+            self.problems += model_option_problems(where, m.options)
+            if kind.needs_path:
                 if m.path is None:
                     self.add(
                         where,
@@ -158,8 +149,6 @@ class _Validator:
                 self.model_io[m.name] = None
 
     def _node_kinds(self) -> None:
-        from usg.backends.python_fn import import_callable
-
         for n in self.nodes.values():
             where = f"nodes.{n.name}"
             if n.model is not None and n.model not in self.models:
@@ -315,7 +304,7 @@ def validate_graph(
     outputs: dict[str, Ref],
     *,
     source: Path | None = None,
-    limits: dict[str, Any] | None = None,
+    limits: GraphLimits | None = None,
     problems: list[GraphProblem] | None = None,
     deploy: DeploySpec | None = None,
 ) -> Graph:
@@ -333,6 +322,6 @@ def validate_graph(
         outputs,
         source=source,
         order=tuple(order),
-        limits=dict(limits or {}),
+        limits=limits or GraphLimits(),
         deploy=deploy or DeploySpec(),
     )

@@ -19,16 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from usg.backends import Backend, create_backend
-from usg.backends.python_fn import accepted_params, import_callable
+from usg.backends import Backend
+from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import Graph, NodeDef
 from usg.records import ItemTiming, NodeEvent
-from usg.runtime.contract import check_model_inputs
+from usg.runtime.contract import check_model_inputs, model_input_specs
 from usg.runtime.inputs import normalize_inputs
 from usg.runtime.observer import Observer
 from usg.runtime.result import InferResult
-from usg.runtime.runner import DirectRunner, ModelRunner
+from usg.runtime.runner import DirectRunner, ModelRunner, backend_for
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]
@@ -125,20 +125,11 @@ class Executor:
         loop = asyncio.get_running_loop()
         for name, model in self.graph.models.items():
             if name not in self._backends:
-                self._backends[name] = create_backend(model)
+                self._backends[name] = backend_for(model)
         await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
         for name, model in self.graph.models.items():
             backend = self._backends[name]
-            specs = dict(backend.input_specs)
-            for port, declared in model.input_specs.items():
-                base = specs.get(port, TensorSpec())
-                specs[port] = TensorSpec(
-                    declared.dtype or base.dtype,
-                    declared.shape if declared.shape is not None else base.shape,
-                    declared.range,
-                    declared.layout or base.layout,
-                )
-            self._in_specs[name] = specs
+            self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
             self._out_names[name] = list(backend.output_specs)
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():

@@ -9,7 +9,7 @@ import numpy as np
 
 from usg.errors import InputError
 from usg.graph.model import Graph
-from usg.ops.image import DEFAULT_MAX_IMAGE_PIXELS, decode_image
+from usg.ops.image import decode_image
 from usg.specs import Modality
 
 __all__ = ["normalize_inputs"]
@@ -24,7 +24,7 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
             field=unknown[0],
             fix=f"use the graph's inputs: {', '.join(sorted(graph.inputs))}",
         )
-    max_pixels = int(graph.limits.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS))
+    max_pixels = graph.limits.max_image_pixels
     values: dict[str, Any] = {}
     for name, d in graph.inputs.items():
         value = raw.get(name)

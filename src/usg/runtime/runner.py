@@ -14,11 +14,18 @@ from collections.abc import Mapping
 from concurrent.futures import Executor as PoolExecutor
 from typing import Any, Protocol
 
+from usg.backends import create_backend
 from usg.backends.base import Backend
+from usg.graph.model import ModelDef
 from usg.records import ItemTiming
 from usg.runtime.kernel import call_backend, call_with_deadline
 
-__all__ = ["DirectRunner", "ItemTiming", "ModelRunner"]
+__all__ = ["DirectRunner", "ItemTiming", "ModelRunner", "backend_for"]
+
+
+def backend_for(model: ModelDef) -> Backend:
+    """The (not yet loaded) backend a graph's model declares."""
+    return create_backend(model.backend, model.path, model.options, name=model.name)
 
 
 class ModelRunner(Protocol):

@@ -1,7 +1,7 @@
 """What runs inside a model or Python-node deployment on Ray Serve.
 
 A model replica loads the same backend the in-process executor would
-(:func:`usg.backends.create_backend`) and batches calls with ``@serve.batch`` sized from the
+(:func:`usg.runtime.runner.backend_for`) and batches calls with ``@serve.batch`` sized from the
 model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
 is split into shape-compatible groups and run by :func:`usg.runtime.kernel.run_items`
 (the in-process batcher's kernel: padding, poison isolation, call deadline), and each backend call's
@@ -20,12 +20,12 @@ from typing import Any
 
 from ray import serve
 
-from usg.backends import create_backend
-from usg.backends.python_fn import accepted_params, import_callable
+from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
 from usg.records import BatchEvent
 from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items
+from usg.runtime.runner import backend_for
 from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
 
@@ -35,7 +35,7 @@ __all__ = ["FnReplica", "ModelReplica"]
 class ModelReplica:
     def __init__(self, model: ModelDef) -> None:
         self.model = model
-        self.backend = create_backend(model)
+        self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
         concurrency = model.concurrency
