@@ -71,7 +71,7 @@ class GraphBuilder:
     ) -> GraphBuilder:
         resolved: Path | None = None
         if path is not None:
-            from usg.graph.paths import resolve_path
+            from usg.paths import resolve_path
 
             resolved = resolve_path(str(path), self.base_dir)
         self._models[name] = ModelDef(

@@ -12,7 +12,7 @@ import yaml
 from usg.errors import GraphError, GraphProblem
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
-from usg.graph.paths import PathResolutionError, resolve_path
+from usg.paths import PathResolutionError, resolve_path
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
