@@ -248,3 +248,25 @@ def test_direct_runner_call_timeout_fails_the_call_and_frees_the_slot():
         return ok
 
     assert float(asyncio.run(main())["s"][0, 0]) == 2.0
+
+
+def test_a_fan_out_is_admitted_whole_and_only_other_requests_see_the_queue_full():
+    async def main():
+        pool = ThreadPoolExecutor(2)
+        fake = FakeBackend(lambda i: {"s": i["x"]})
+        runner = BatchingRunner("m", fake, pool, BatchPolicy(max_size=4, max_delay_ms=1000, max_queue=3))
+        await runner.start()
+        try:
+            items = [{"x": np.full((1, 1), k, np.float32)} for k in range(10)]
+            fan_out = asyncio.create_task(runner.submit_many(items, [None] * 10))
+            await asyncio.sleep(0)
+            assert runner.queue_depth >= 6  # ten items admitted at once (less what already ran)
+            with pytest.raises(Overloaded, match=r"queue is full \(\d+ items waiting, limit 3\)"):
+                await runner.submit({"x": np.ones((1, 1), np.float32)})
+            outs = await fan_out
+        finally:
+            await runner.stop()
+            pool.shutdown()
+        return outs
+
+    assert [float(o["s"][0, 0]) for o in asyncio.run(main())] == [float(k) for k in range(10)]

@@ -108,6 +108,21 @@ class BatchingRunner:
 
     # -- submission --------------------------------------------------------------------------
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        self._admit()
+        pending = self._enqueue(item, timing)
+        return await pending.future
+
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Submit one request's fan-out, admitted as a whole: the queue bound counts the items
+        waiting before it (other requests'), never the fan-out's own items, so a fan-out that
+        fits the graph's ``limits.max_fanout_items`` is not refused for its own size."""
+        self._admit()
+        pending = [self._enqueue(item, timing) for item, timing in zip(items, timings, strict=True)]
+        return list(await asyncio.gather(*(p.future for p in pending)))
+
+    def _admit(self) -> None:
         if self._task is None or self._wake is None or self._task.done():
             raise StateError(f"batcher for model {self.model!r} is not started")
         if self._closing:
@@ -119,8 +134,10 @@ class BatchingRunner:
                 retry_after=max(0.05, self.policy.max_delay_ms / 1000 * 4),
                 why=f"queue_full:{self.model}",
             )
+
+    def _enqueue(self, item: Mapping[str, Any], timing: ItemTiming | None) -> _Pending:
+        assert self._wake is not None
         loop = asyncio.get_running_loop()
-        rows = item_rows(item)
         pending = _Pending(
             item,
             loop.create_future(),
@@ -128,11 +145,11 @@ class BatchingRunner:
             group_key(item, self.pad),
             item_length(item, self.pad),
             timing,
-            rows,
+            item_rows(item),
         )
         self._queue.append(pending)
         self._wake.set()
-        return await pending.future
+        return pending
 
     # -- scheduling --------------------------------------------------------------------------
     def _delay_s(self) -> float:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from usg.backends import Backend
 from usg.callables import accepted_params, import_callable
-from usg.errors import BackendError, RequestTimeout, StateError, UsageError, USGError
+from usg.errors import BackendError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import Graph, NodeDef
 from usg.records import ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs, model_input_specs
@@ -364,6 +364,14 @@ class Executor:
                 "fix: make the upstream nodes return lists of equal length"
             )
         n = next(iter(lengths.values()), 0)
+        limit = self.graph.limits.max_fanout_items
+        if n > limit:
+            raise PayloadTooLarge(
+                f"node {node.name!r} would fan out to {n} items, above the graph's limit of {limit} "
+                "(limits.max_fanout_items)",
+                field=node.name,
+                fix="send a smaller input, or raise limits.max_fanout_items in the graph",
+            )
         return [{p: (args[p][i] if p in node.map else args[p]) for p in args} for i in range(n)]
 
     async def _run_model_node(
@@ -389,7 +397,7 @@ class Executor:
             return with_alias(out), 1
         items = [prepare(a) for a in self._split_map(node, args)]
         timings = [ItemTiming() for _ in items]
-        outs = await asyncio.gather(*(runner.submit(it, t) for it, t in zip(items, timings, strict=True)))
+        outs = await runner.submit_many(items, timings)
         timing.queue_ms = sum(t.queue_ms for t in timings)
         timing.compute_ms = sum(t.compute_ms for t in timings)
         keys = [*out_names, "out"] if len(out_names) == 1 else out_names

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor as PoolExecutor
 from typing import Any, Protocol
 
@@ -39,6 +39,12 @@ class ModelRunner(Protocol):
     async def start(self) -> None: ...
 
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]: ...
+
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Submit one request's fan-out (a map node's items), admitted as a whole."""
+        ...
 
     async def stop(self) -> None: ...
 
@@ -99,6 +105,11 @@ class DirectRunner:
             timing.queue_ms = (t1 - t0) * 1e3
             timing.compute_ms = (time.perf_counter() - t1) * 1e3
         return out
+
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self.submit(it, t) for it, t in zip(items, timings, strict=True))))
 
     async def stop(self) -> None:
         return None
