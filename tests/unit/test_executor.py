@@ -1,6 +1,7 @@
 """Executor logic on fake backends: pruning, fan-out order, sharing a model, contracts, timeouts."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -261,3 +262,57 @@ def test_a_fan_out_above_limits_max_fanout_items_is_413_naming_the_key():
     ):
         ex.infer_sync({"x": np.ones((1, 2), np.float32)})
     assert exc.value.status == 413
+
+
+def text_graph(limit: int | None = None):
+    b = (
+        GraphBuilder("txt")
+        .input("text", "text")
+        .model("tok", "python", options={"callable": "testops:identity"})
+        .node("t", model="tok", inputs={"text": "inputs.text"})
+        .output("ids", "t.input_ids")
+    )
+    if limit is not None:
+        b = b.limits(max_text_chars=limit)
+    return b.build()
+
+
+def test_a_text_above_limits_max_text_chars_is_413_before_tokenizing():
+    fake = FakeBackend(lambda inp: {"input_ids": np.zeros((1, 1), np.int64)})
+    with Executor(text_graph(limit=10), backends={"tok": fake}) as ex:
+        with pytest.raises(
+            PayloadTooLarge, match=r"input 'text' has 11 characters, above .* 10 .*limits\.max_text_chars"
+        ):
+            ex.infer_sync({"text": "x" * 11})
+        with pytest.raises(PayloadTooLarge, match=r"input 'text' has 41 bytes"):
+            ex.infer_sync({"text": b"x" * 41})  # refused before decoding
+        with pytest.raises(InputError, match=r"unpaired surrogate '\\ud800' at position 1"):
+            ex.infer_sync({"text": "a\ud800"})
+        assert ex.infer_sync({"text": "x" * 10}).outputs["ids"].shape == (1, 1)
+    assert len(fake.calls) == 1
+
+
+def test_tokenizer_calls_run_concurrently(tmp_path):
+    # a long text in one worker thread must not hold up another request's tokenizer call: two
+    # calls wait for each other at a barrier, which only works if both are in flight at once
+    tokenizers = pytest.importorskip("tokenizers")
+    import threading
+
+    from usg.backends.tokenizer import TokenizerBackend
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "[PAD]": 1, "x": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Meeting(TokenizerBackend):
+        def infer(self, inputs):
+            barrier.wait()
+            return super().infer(inputs)
+
+    g = text_graph()
+    long_text = "x " * 15_000  # 30,000 characters: tokenized in a worker thread, not on the loop
+    with Executor(g, backends={"tok": Meeting(path, name="tok")}) as ex, ThreadPoolExecutor(2) as callers:
+        a, b = callers.map(lambda _: ex.infer_sync({"text": long_text}), range(2))
+    assert a.outputs["ids"].shape == b.outputs["ids"].shape == (1, 512)  # truncated to max_length

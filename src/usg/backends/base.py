@@ -42,6 +42,9 @@ class Backend(abc.ABC):
     #: (a :class:`usg.records.BatchEvent`) to :attr:`batch_listeners`; the executor
     #: adds its observers there, so metrics see remote batches as they see local ones
     remote_batching: bool = False
+    #: calls that may run at once when the graph does not say (``options.concurrency``): a
+    #: backend whose library is thread-safe and releases the GIL allows several in flight
+    default_concurrency: int = 1
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         """Run one item without blocking the event loop: remote backends override this (a backend

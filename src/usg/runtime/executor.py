@@ -28,7 +28,7 @@ from usg.runtime.contract import check_model_inputs, model_input_specs
 from usg.runtime.inputs import normalize_inputs
 from usg.runtime.observer import Observer
 from usg.runtime.result import InferResult
-from usg.runtime.runner import DirectRunner, ModelRunner, backend_for
+from usg.runtime.runner import DirectRunner, ModelRunner, backend_for, concurrency_for
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]
@@ -145,7 +145,7 @@ class Executor:
 
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
-        concurrency = model.concurrency
+        concurrency = concurrency_for(model, backend)
         listeners = [obs.batch_finished for obs in self.observers]
         if backend.remote_batching:
             backend.batch_listeners[:] = listeners

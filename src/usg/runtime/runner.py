@@ -20,12 +20,17 @@ from usg.graph.model import ModelDef
 from usg.records import ItemTiming
 from usg.runtime.kernel import call_backend, call_with_deadline
 
-__all__ = ["DirectRunner", "ItemTiming", "ModelRunner", "backend_for"]
+__all__ = ["DirectRunner", "ItemTiming", "ModelRunner", "backend_for", "concurrency_for"]
 
 
 def backend_for(model: ModelDef) -> Backend:
     """The (not yet loaded) backend a graph's model declares."""
     return create_backend(model.backend, model.path, model.options, name=model.name)
+
+
+def concurrency_for(model: ModelDef, backend: Backend) -> int:
+    """Calls of ``model`` in flight at once: ``options.concurrency``, else the backend's default."""
+    return model.concurrency if "concurrency" in model.options else max(1, backend.default_concurrency)
 
 
 class ModelRunner(Protocol):

@@ -25,7 +25,7 @@ from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
 from usg.records import BatchEvent
 from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items
-from usg.runtime.runner import backend_for
+from usg.runtime.runner import backend_for, concurrency_for
 from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
 
@@ -38,7 +38,7 @@ class ModelReplica:
         self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
-        concurrency = model.concurrency
+        concurrency = concurrency_for(model, self.backend)
         # @serve.batch built per replica from the graph's policy: max size, wait, and as many
         # batches in flight as the model's options.concurrency (its in-process instance count)
         self._batched: Any = serve.batch(
