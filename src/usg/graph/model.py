@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,37 @@ from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
 from usg.specs import Modality, TensorSpec
 
-__all__ = ["BatchPolicy", "Graph", "InputDef", "ModelDef", "NodeDef", "PadPolicy", "Ref"]
+__all__ = [
+    "OUT_ALIAS",
+    "BatchPolicy",
+    "Graph",
+    "InputDef",
+    "ModelDef",
+    "NodeDef",
+    "PadPolicy",
+    "Ref",
+    "model_output",
+    "wireable_outputs",
+]
 
 GRAPH_INPUTS = "inputs"
+#: the port name that stands for the only output of a single-output model
+OUT_ALIAS = "out"
+
+
+def model_output(port: str, outputs: Iterable[str]) -> str:
+    """The model output a wire's ``port`` names: ``out`` is the alias of a single-output
+    model's one output (the rule the executor, validation, ``/v2`` and the Triton export share)."""
+    if port != OUT_ALIAS:
+        return port
+    names = list(outputs)
+    return names[0] if len(names) == 1 else port
+
+
+def wireable_outputs(outputs: Iterable[str]) -> list[str]:
+    """The ports a wire may name on a model with these outputs (its outputs, and ``out`` for one)."""
+    names = list(outputs)
+    return [*names, OUT_ALIAS] if len(names) == 1 and names[0] != OUT_ALIAS else names
 
 
 @dataclass(frozen=True)

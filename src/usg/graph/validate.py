@@ -17,7 +17,7 @@ from usg.errors import GraphError, GraphProblem
 from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
-from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref, model_output, wireable_outputs
 from usg.graph.options import model_option_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
 from usg.specs import TensorSpec, merge_declared
@@ -174,8 +174,7 @@ class _Validator:
             io = self.model_io.get(n.model)
             if io is None:
                 return None
-            ports = list(io[1])
-            return [*ports, "out"] if len(ports) == 1 else ports
+            return wireable_outputs(io[1])
         sig = self.fn_sigs.get(node)
         return None if sig is None or not sig.outputs else list(sig.outputs)
 
@@ -234,8 +233,7 @@ class _Validator:
             if io is None:
                 return None
             outs = io[1]
-            port = next(iter(outs)) if ref.port == "out" and len(outs) == 1 else ref.port
-            spec = outs.get(port)
+            spec = outs.get(model_output(ref.port, outs))
             return ListOf(spec) if n.map else spec
         sig = self.fn_sigs.get(n.name)
         spec = None if sig is None else sig.outputs.get(ref.port)
