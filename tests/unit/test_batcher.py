@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from usg.errors import BackendError, Overloaded
+from usg.errors import BackendError, InputError, Overloaded
 from usg.graph import BatchPolicy, PadPolicy
 from usg.runtime.batcher import BatchingRunner
 from usg.runtime.padding import next_size
@@ -270,3 +270,15 @@ def test_a_fan_out_is_admitted_whole_and_only_other_requests_see_the_queue_full(
         return outs
 
     assert [float(o["s"][0, 0]) for o in asyncio.run(main())] == [float(k) for k in range(10)]
+
+
+def test_a_usg_error_raised_by_the_backend_keeps_its_type():
+    def handler(inp):
+        if (inp["x"] < 0).any():
+            raise InputError("negative input", field="x", fix="send x >= 0")
+        return {"s": inp["x"]}
+
+    items = [{"x": np.full((1, 1), v, np.float32)} for v in (1, -1, 2)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=4, max_delay_ms=30), items, FakeBackend(handler)))
+    assert type(outs[1]) is InputError and outs[1].status == 400
+    assert [float(o["s"][0, 0]) for i, o in enumerate(outs) if i != 1] == [1.0, 2.0]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from usg.backends.base import Backend
-from usg.errors import BackendError, Overloaded, StateError
+from usg.errors import BackendError, Overloaded, StateError, USGError
 from usg.graph.model import BatchPolicy, PadPolicy
 from usg.records import BatchEvent, ItemTiming
 from usg.runtime.kernel import BatchKernel, Outcome
@@ -262,7 +262,7 @@ class BatchingRunner:
 
         def deliver(i: int, outcome: Outcome, timing: ItemTiming) -> None:
             p = batch[i]
-            if isinstance(outcome, BackendError):
+            if isinstance(outcome, USGError):
                 if not p.future.done():
                     p.future.set_exception(outcome)
                 return

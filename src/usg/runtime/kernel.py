@@ -44,8 +44,9 @@ __all__ = ["BatchKernel", "ItemsCall", "Outcome", "call_backend", "call_with_dea
 
 log = logging.getLogger("usg.runtime.kernel")
 
-#: an item's outputs, or the BackendError that item alone caused
-Outcome = dict[str, Any] | BackendError
+#: an item's outputs, or the error that item alone caused (a USGError a backend raised keeps its
+#: type, e.g. an InputError stays a 400; anything else becomes a BackendError naming the model)
+Outcome = dict[str, Any] | USGError
 #: called once per item as soon as its outcome is known: (index, outcome, timing)
 Deliver = Callable[[int, Outcome, ItemTiming], None]
 #: called once per backend call: (event, indices of the items it ran)
@@ -169,7 +170,7 @@ class BatchKernel:
         emit: Emit,
         *,
         alone: bool = False,
-    ) -> BackendError | None:
+    ) -> USGError | None:
         """One backend call over ``items``; delivers on success (and, ``alone``, on failure).
 
         ``start``: when the first call of a retry began (its time counts as the item's wait).
@@ -185,7 +186,7 @@ class BatchKernel:
         except Exception as exc:
             compute_ms = (time.perf_counter() - t0) * 1e3
             emit(self._event(items, real, padded, waits, compute_ms, ok=False), indices)
-            error = exc if isinstance(exc, BackendError) else BackendError(f"model {self.model!r}: {exc}")
+            error = exc if isinstance(exc, USGError) else BackendError(f"model {self.model!r}: {exc}")
             if alone:
                 deliver(indices[0], error, ItemTiming(waits[0], compute_ms, 1))
                 return None
