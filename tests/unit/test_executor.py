@@ -316,3 +316,36 @@ def test_tokenizer_calls_run_concurrently(tmp_path):
     with Executor(g, backends={"tok": Meeting(path, name="tok")}) as ex, ThreadPoolExecutor(2) as callers:
         a, b = callers.map(lambda _: ex.infer_sync({"text": long_text}), range(2))
     assert a.outputs["ids"].shape == b.outputs["ids"].shape == (1, 512)  # truncated to max_length
+
+
+def test_options_call_timeout_ms_fails_a_hanging_call_naming_the_graph_key():
+    import threading
+
+    release = threading.Event()
+
+    def handler(inp):
+        if (inp["x"] < 0).any():
+            release.wait(6.0)  # hangs "6 s" (released at the end of the test)
+        return {"y": inp["x"] * 2}
+
+    fake = FakeBackend(
+        handler, {"x": TensorSpec("float32", ("batch", None))}, {"y": TensorSpec("float32", ("batch", None))}
+    )
+    g = (
+        GraphBuilder("hang")
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
+        .model("m", "python", options={"callable": "testops:identity", "call_timeout_ms": 200})
+        .node("dbl", model="m", inputs={"x": "inputs.x"})
+        .output("y", "dbl.y")
+        .build()
+    )
+    try:
+        with Executor(g, backends={"m": fake}) as ex:
+            with pytest.raises(
+                BackendError, match=r"call_timeout_ms=200.*fix: raise models\.m\.options\.call_timeout_ms"
+            ):
+                ex.infer_sync({"x": -np.ones((1, 2), np.float32)})
+            # the model's only slot was freed at the deadline: the next request is answered
+            assert ex.infer_sync({"x": np.ones((1, 2), np.float32)}).outputs["y"].tolist() == [[2.0, 2.0]]
+    finally:
+        release.set()

@@ -78,7 +78,7 @@ def timeout_error(model: str, timeout_s: float, items: int) -> BackendError:
     return BackendError(
         f"model {model!r} did not answer a call of {items} item(s) within call_timeout_ms="
         f"{timeout_s * 1e3:g}; the call was abandoned (its worker thread runs on until the backend "
-        f"returns). Fix: raise models.{model}.options.call_timeout_ms if the model is only slow, "
+        f"returns); fix: raise models.{model}.options.call_timeout_ms if the model is only slow, "
         "or find why this input hangs the model"
     )
 
