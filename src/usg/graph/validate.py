@@ -91,6 +91,7 @@ class _Validator:
     ) -> None:
         self.name, self.inputs, self.models, self.nodes, self.outputs = name, inputs, models, nodes, outputs
         self.problems: list[GraphProblem] = []
+        self.reported: set[str] = set()  # where the loader already found problems
         self.model_io: dict[str, ModelIO | None] = {}
         self.fn_sigs: dict[str, Any] = {}
 
@@ -126,13 +127,14 @@ class _Validator:
                 continue
             self.problems += model_option_problems(where, m.options)
             if kind.needs_path:
-                if m.path is None:
+                # a path the loader could not resolve is reported already, as models.NAME.path
+                if m.path is None and f"{where}.path" not in self.reported:
                     self.add(
                         where,
                         "no path given",
                         "add path: FILE (relative to the graph file, or pkg://PACKAGE/FILE)",
                     )
-                elif not m.path.is_file():
+                elif m.path is not None and not m.path.is_file():
                     fix = "check the path; relative paths are resolved against the graph file's folder"
                     if m.export:
                         exporter = m.export.get("exporter", "?")
@@ -308,6 +310,7 @@ def validate_graph(
 ) -> Graph:
     """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
     v = _Validator(name, inputs, models, nodes, outputs)
+    v.reported = {p.where for p in problems or ()}
     order = v.run()
     all_problems = list(problems or []) + v.problems
     if all_problems:
