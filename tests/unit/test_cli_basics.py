@@ -48,7 +48,6 @@ def test_run_json_prints_exactly_one_object(graph, capsys):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda d: str(d / "missing.png"), "does not exist"),
         (
             lambda d: ((d / "zero.png").write_bytes(b"") and str(d / "zero.png")) or str(d / "zero.png"),
             "is empty (0 bytes)",
@@ -64,6 +63,11 @@ def test_run_bad_images(graph, tmp_path, capsys, make, message):
     code, _, err = run_cli(["run", str(graph), "-i", f"image={path}"], capsys)
     assert code == 1
     assert message in err and "fix:" in err
+
+
+def test_run_missing_image_file_is_a_usage_error(graph, tmp_path, capsys):
+    code, _, err = run_cli(["run", str(graph), "-i", f"image={tmp_path / 'missing.png'}"], capsys)
+    assert code == 2 and "does not exist" in err and "fix:" in err
 
 
 def test_run_bad_arguments(graph, capsys):
