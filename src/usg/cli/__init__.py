@@ -19,7 +19,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -34,6 +34,7 @@ EXIT_USAGE = 2
 # command name -> "module:attribute" (a click.Command)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("usg.cli.run_cmd:run", "Push inputs through a graph and print its outputs."),
+    "init": ("usg.cli.init_cmd:init", "Write a runnable graph for an ONNX model, with sample inputs."),
     "graph": ("usg.cli.graph_cmd:graph", "Inspect a graph: nodes, edges, specs, pruning."),
     "export": ("usg.cli.export_cmd:export", "Export models to ONNX, or a graph to a Triton model repository."),
     "serve": ("usg.cli.serve_cmd:serve", "Serve a graph over HTTP (JSON/multipart and Open Inference v2)."),
@@ -85,7 +86,7 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_FAILED  # USGError (MissingDependency included: the pip line is in its message), anything else
 
 
-def fail(exc: USGError, ctx: click.Context | None = None) -> None:
+def fail(exc: USGError, ctx: click.Context | None = None) -> NoReturn:
     """Print ``error: ...`` for ``exc`` on stderr and exit with its code (for commands that catch errors)."""
     click.echo(f"error: {exc}", err=True)
     code = exit_code_for(exc)
@@ -97,7 +98,7 @@ def fail(exc: USGError, ctx: click.Context | None = None) -> None:
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: maps errors to a message and an exit code (see :func:`exit_code_for`)."""
     try:
-        return cli.main(args=argv, standalone_mode=False)
+        result = cli.main(args=argv, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -120,3 +121,6 @@ def main(argv: list[str] | None = None) -> Any:
             err=True,
         )
         sys.exit(1)
+    if isinstance(result, int):  # ctx.exit(code) under standalone_mode=False returns the code
+        sys.exit(result)
+    return result

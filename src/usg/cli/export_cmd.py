@@ -44,7 +44,7 @@ def hf_text_encoder(source: str, output: str | None, opset: int) -> None:
 
 
 @export.command("triton")
-@click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("graph", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--link", is_flag=True, help="Symlink model files into the repository instead of copying them.")
 @click.option(

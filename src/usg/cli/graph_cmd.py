@@ -105,7 +105,9 @@ def _print_tables(g: Graph) -> None:
     for name in g.order:
         n = g.nodes[name]
         what = f"model {n.model}" if n.model else f"fn {n.fn}"
-        branch = tree.add(f"{escape(name)}  [dim]{escape(what)}{escape('  map ' + ','.join(n.map) if n.map else '')}[/]")
+        branch = tree.add(
+            f"{escape(name)}  [dim]{escape(what)}{escape('  map ' + ','.join(n.map) if n.map else '')}[/]"
+        )
         for port, ref in n.inputs.items():
             branch.add(escape(f"{port} ← {ref}"))
     out_console.print(tree)
