@@ -9,9 +9,9 @@ is on the import path of its nodes) and one sample input per graph input.
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ class Scaffold:
 
 
 def _quote(text: str) -> str:
-    return text if re.fullmatch(r"[\w./@:=+-]+", text) else json.dumps(text)
+    return shlex.quote(text)
 
 
 def _ident(text: str) -> str:
