@@ -29,6 +29,11 @@ def print_plan(p: Plan, console: Console | None = None) -> None:
     con = console or Console(width=None if sys.stdout.isatty() else 120)
     t, mem, m = p.target, p.memory, p.model
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
+    if not p.fits and p.image_tokens * t.images_per_prompt >= t.max_model_len:
+        verdict += (
+            f" [red](not memory: the {t.images_per_prompt} image(s) of a prompt fill the "
+            f"{t.max_model_len}-token context)[/]"
+        )
     con.print(
         f"[bold]usg plan[/]: {m.name} on {p.gpu_count}× {p.gpu.name} (TP={p.tensor_parallel_size}) — "
         f"{t.concurrency} × {t.max_model_len} tokens"
