@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -10,7 +11,7 @@ from rich.markup import escape
 
 from usg.graph import Graph
 
-__all__ = ["GRAPH_FILE", "err_console", "escape", "load_graph_for_cli", "out_console"]
+__all__ = ["GRAPH_FILE", "dry_run_summary", "err_console", "escape", "load_graph_for_cli", "out_console"]
 
 out_console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
@@ -37,3 +38,19 @@ def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
             )
             graph = apply_sidecar(graph, sidecar)
     return graph
+
+
+def dry_run_summary(report: Any) -> list[str]:
+    """For ``usg doctor --dry-run``: one line per graph that has no error and whose dry run raised no warning."""
+    from usg.doctor.findings import Severity, Stage
+
+    failed = {
+        Path(f.location.file).resolve()
+        for f in report.findings
+        if f.severity is Severity.ERROR or (f.stage is Stage.DRY_RUN and f.severity is not Severity.INFO)
+    }
+    return [
+        f"dry run passed: {t.path} — sample inputs went through every node within the models' contracts"
+        for t in report.targets
+        if t.kind == "graph" and Path(t.path).resolve() not in failed
+    ]

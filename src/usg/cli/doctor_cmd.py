@@ -171,4 +171,9 @@ def doctor(
             click.echo(f"error: cannot write {output}: {exc.strerror}", err=True)
             ctx.exit(2)
         click.echo(f"wrote {output} ({len(report.findings)} findings, {report.errors} errors)", err=True)
+    if dry_run:  # say so when the dry run passed (stderr: the report on stdout stays one format)
+        from usg.cli.common import dry_run_summary
+
+        for line in dry_run_summary(report):
+            click.echo(line, err=True)
     ctx.exit(report.exit_code)
