@@ -122,12 +122,16 @@ def test_failed_work_exits_1(tmp_path, graph, bad_graph, capsys):
     corrupt.write_bytes(b"\x89PNGgarbage")
     bad_model = tmp_path / "bad.onnx"
     bad_model.write_bytes(b"not a model")
+    bad_json = tmp_path / "config.json"
+    bad_json.write_text("{not json")
     cases = [
         (["run", str(bad_graph), "-i", "text=x"], "malformed YAML"),
         (["run", str(graph), "-i", f"image={corrupt}"], "not a decodable image"),
         (["graph", "show", str(bad_graph)], "malformed YAML"),
         (["doctor", str(bad_model)], "ONNX018"),
         (["init", str(bad_model)], "cannot read"),
+        (["plan", str(bad_json), "--gpu", "L4"], "cannot read as JSON"),
+        (["plan", str(PLAN_CONFIG), "--gpu-file", str(bad_json)], "cannot parse GPU profiles"),
     ]
     for args, message in cases:
         code, out, err = run_cli(args, capsys)
