@@ -99,6 +99,7 @@ def _usage(tmp: Path, graph: Path, onnx_file: Path) -> list[tuple[list[str], str
         (["tune", nope + ".yaml"], "does not exist"),
         (["init", nope + ".onnx"], "does not exist"),
         (["init", str(onnx_file), "--input-kind", "x=video"], "video"),
+        (["init", str(onnx_file), "--tokenizer", nope + ".json"], "no such file"),
         (["nosuchcommand"], "No such command"),
     ]
 

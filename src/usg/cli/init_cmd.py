@@ -54,6 +54,10 @@ def init(
 
     if tokenizer is None and (model.parent / "tokenizer.json").is_file():
         tokenizer = str((model.parent / "tokenizer.json").resolve())
+    elif tokenizer is not None and not tokenizer.startswith("pkg://"):
+        if not Path(tokenizer).is_file():
+            raise UsageError(f"--tokenizer {tokenizer}: no such file; fix: pass a tokenizer.json or pkg://PACKAGE/FILE")
+        tokenizer = str(Path(tokenizer).resolve())  # the graph resolves paths from its own folder
     done = write_scaffold(
         model, out_dir, name or model.stem, kinds_override=_kinds(kinds), tokenizer=tokenizer, force=force
     )
