@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from usg.cli.common import escape, out_console
+from usg.cli.common import err_console, escape, out_console
 from usg.errors import UsageError
 
 __all__ = ["init"]
@@ -58,9 +58,10 @@ def init(
         if not Path(tokenizer).is_file():
             raise UsageError(f"--tokenizer {tokenizer}: no such file; fix: pass a tokenizer.json or pkg://PACKAGE/FILE")
         tokenizer = str(Path(tokenizer).resolve())  # the graph resolves paths from its own folder
-    done = write_scaffold(
-        model, out_dir, name or model.stem, kinds_override=_kinds(kinds), tokenizer=tokenizer, force=force
-    )
+    with err_console.status(escape(f"reading {model} (and probing the image sizes it accepts)")):
+        done = write_scaffold(
+            model, out_dir, name or model.stem, kinds_override=_kinds(kinds), tokenizer=tokenizer, force=force
+        )
     out_console.print(f"wrote {escape(str(done.graph))}")
     if done.ops is not None:
         out_console.print(f"wrote {escape(str(done.ops))} (pre-processing stubs: edit them for your model)")
