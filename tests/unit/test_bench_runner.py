@@ -52,6 +52,7 @@ def test_rounds_merge_per_system_and_level_and_bounds_follow_each_usg_run(graph)
     # round 1 in the given order, round 2 reversed, per level
     assert [s for s, _ in seen] == ["usg", "sequential"] * 2 + ["sequential", "usg"] * 2
     assert [r.system for r in report.results] == ["usg", "usg", "sequential", "sequential"]
+    assert all(r.errors == 0 for r in report.results) and sum(len(r.latencies_ms) for r in report.results) > 0
     assert report.equivalence["sequential"].ok
     assert len(bounds) == 4 and set(report.bound["achieved"]) == {"1", "2"}
     assert any("2 rounds per system and level" in n for n in report.notes)
