@@ -61,14 +61,18 @@ def test_tensor_model_runs_on_its_sample(tmp_path, capsys):
     assert doc["models"]["model"]["batch"] == {"max_size": 8, "max_delay_ms": 2}
 
 
-def test_image_model_gets_a_preprocessing_stub(tmp_path, capsys):
-    x = helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["n", 3, "h", "w"])
+@pytest.mark.parametrize(
+    ("layout", "dims", "axes"),
+    [("nchw", ["n", 3, "h", "w"], [2, 3]), ("nhwc", ["n", 64, 48, 3], [1, 2])],
+)
+def test_image_model_gets_a_preprocessing_stub(tmp_path, capsys, layout, dims, axes):
+    x = helper.make_tensor_value_info("pixels", TensorProto.FLOAT, dims)
     y = helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["n", 3])
-    node = helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=[2, 3], keepdims=0)
+    node = helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=axes, keepdims=0)
     model = _save(tmp_path / "mean.onnx", [node], [x], [y])
-    result, graph = _init_and_run(tmp_path, model, "mean_img", capsys)
+    result, graph = _init_and_run(tmp_path, model, f"mean_{layout}", capsys)
     text = graph.read_text()
-    assert "modality: image" in text and "mean_img_ops:pre_pixels" in text
+    assert "modality: image" in text and f"mean_{layout}_ops:pre_pixels" in text
     mean = np.array(result["outputs"]["mean"])
     assert mean.shape == (1, 3) and np.all((mean >= 0) & (mean <= 1))  # scaled to [0, 1] by the stub
 
