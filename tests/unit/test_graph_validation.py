@@ -97,6 +97,7 @@ outputs: {o: a.text}
 
 
 def test_onnx_port_names_and_edge_dtypes_checked_against_the_model(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     det = "pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
     p = write(
         tmp_path,
@@ -122,6 +123,7 @@ outputs: {{p: det.sigmoid_0.tmp_0, q: det.nope}}
 
 
 def test_map_over_single_tensor_and_list_into_tensor(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     p = write(
         tmp_path,
         """
@@ -167,6 +169,7 @@ outputs: {shout: up.text}
 
 
 def test_pkg_and_relative_paths(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     det = resolve_path("pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", None)
     assert det.is_file()
     assert resolve_path("m.onnx", tmp_path) == (tmp_path / "m.onnx").resolve()

@@ -94,6 +94,7 @@ class _Validator:
         self.reported: set[str] = set()  # where the loader already found problems
         self.model_io: dict[str, ModelIO | None] = {}
         self.fn_sigs: dict[str, Any] = {}
+        self.fn_dir: Path | None = None  # the graph file's folder: modules next to it import
 
     def add(self, where: str, message: str, fix: str) -> None:
         self.problems.append(GraphProblem(where, message, fix))
@@ -157,7 +158,7 @@ class _Validator:
                 self.add(f"{where}.model", f"unknown model {n.model!r}", _suggest(n.model, list(self.models)))
             if n.fn is not None:
                 try:
-                    func = import_callable(n.fn)
+                    func = import_callable(n.fn, self.fn_dir)
                 except ValueError as exc:
                     self.add(f"{where}.fn", str(exc), "point fn at an importable 'package.module:function'")
                 else:
@@ -311,6 +312,7 @@ def validate_graph(
     """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
     v = _Validator(name, inputs, models, nodes, outputs)
     v.reported = {p.where for p in problems or ()}
+    v.fn_dir = source.parent if source is not None else None
     order = v.run()
     all_problems = list(problems or []) + v.problems
     if all_problems:
