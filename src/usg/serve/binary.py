@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from usg.errors import InputError
+from usg.serve.decode import load_json
 
 __all__ = [
     "DATATYPES",
@@ -88,7 +89,7 @@ def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
     return out
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+def split_body(body: bytes, header_length: str | None, *, max_depth: int = 32) -> tuple[dict[str, Any], memoryview]:
     """Parse the JSON header of a v2 request; return it and the binary tail after it."""
     if header_length is None:
         json_part, tail = body, b""
@@ -104,15 +105,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
                 fix="set it to the byte length of the JSON header that starts the body",
             )
         json_part, tail = body[:n], body[n:]
-    try:
-        header = json.loads(json_part)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"the inference request header is not valid JSON ({exc})",
-            field="body",
-            fix='send a JSON object {"inputs": [...]} (with Inference-Header-Content-Length '
-            "when binary tensor data follows it)",
-        ) from None
+    header = load_json(
+        json_part,
+        max_depth=max_depth,
+        what="the inference request header",
+        fix='send a JSON object {"inputs": [...]} (with Inference-Header-Content-Length '
+        "when binary tensor data follows it)",
+    )
     if not isinstance(header, dict):
         raise InputError(
             f"the inference request is a JSON {type(header).__name__}, not an object",
@@ -122,13 +121,20 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     return header, memoryview(tail)
 
 
+_MAX_RANK = 32  # numpy allows 64 dims; no model input needs more than a few
+
+
 def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, (list, tuple)):
-        out: list[Any] = []
-        for d in data:
-            out.extend(_flatten(d))
-        return out
-    return [data]
+    """Nested lists → their leaves in row-major order (iterative: no recursion on hostile depth)."""
+    out: list[Any] = []
+    stack: list[Any] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,24 +155,36 @@ def decode_tensor(spec: Mapping[str, Any], tail: memoryview, offset: int) -> tup
         raise InputError("an input tensor has no name", field="inputs", fix='give every entry of inputs a "name"')
     field = f"inputs.{name}"
     datatype = spec.get("datatype")
-    if datatype != "BYTES" and datatype not in DATATYPES:
+    if not isinstance(datatype, str) or (datatype != "BYTES" and datatype not in DATATYPES):
         raise InputError(
             f"{field}: unknown datatype {datatype!r}",
             field=name,
             fix=f"use one of BYTES, {', '.join(DATATYPES)}",
         )
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(
             f"{field}: shape {shape!r} is not a list of non-negative ints",
             field=name,
             fix="send the tensor's shape, e.g. [1]",
         )
+    if len(shape) > _MAX_RANK:
+        raise InputError(
+            f"{field}: shape has {len(shape)} dimensions, more than the {_MAX_RANK} supported",
+            field=name,
+            fix="send the tensor with its real rank (a few dimensions)",
+        )
     count = math.prod(shape)
     params = spec.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if not isinstance(params, dict):
+        raise InputError(
+            f"{field}: parameters must be an object, got {type(params).__name__}",
+            field=name,
+            fix='send "parameters": {"binary_data_size": N} or leave it out',
+        )
+    size = params.get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(tail):
             raise InputError(
                 f"{field}: binary_data_size {size!r} at offset {offset} runs past the {len(tail)} bytes of binary data",
                 field=name,
@@ -203,7 +221,14 @@ def decode_tensor(spec: Mapping[str, Any], tail: memoryview, offset: int) -> tup
                     field=name,
                     fix="send strings, or binary data for raw bytes",
                 )
-            value = [x.encode("utf-8") for x in flat]
+            try:
+                value = [x.encode("utf-8") for x in flat]
+            except UnicodeEncodeError as exc:
+                raise InputError(
+                    f"{field}: a BYTES string holds a lone surrogate at index {exc.start}, which is not a character",
+                    field=name,
+                    fix="send valid Unicode strings (or binary data for raw bytes)",
+                ) from None
         else:
             try:
                 value = np.asarray(flat, dtype=DATATYPES[str(datatype)])
