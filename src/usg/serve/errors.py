@@ -91,6 +91,8 @@ def rejection_reason(exc: USGError) -> str | None:
         return "unavailable"
     if isinstance(exc, Unauthorized):
         return "unauthorized"
+    if exc.reason == "body_timeout":  # usg.serve.limits.BodyTimeout (limits imports this module's peers)
+        return "slow_client"
     return None
 
 
