@@ -1,0 +1,217 @@
+"""What the serve hardening (issue #14) costs and what it buys, measured in one run.
+
+overhead   ``usg bench URL`` of the document graph against two ``usg serve`` processes started
+           back to back in rounds, one from ``--baseline-src`` (e.g. a checkout of main) and one
+           from this tree: HTTP p50 (target: the hardened server adds <= 5%).
+slowloris  the hardened server with ``--max-inflight 8``: p50 of text requests from 4 clients,
+           alone and while 50 connections stall (headers sent, 10 of 100000 body bytes, then
+           nothing; each reconnects when the server closes it). Target: within 2x of normal.
+
+Run:  python benchmarks/serve_hardening.py overhead --baseline-src /work/main/src [--rounds 2]
+      python benchmarks/serve_hardening.py slowloris [--sockets 50 --duration 10]
+Prints figures and ratios; no pass/fail (machines here are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPH = ROOT / "examples" / "document_ocr" / "graph.yaml"
+USG = Path(sys.executable).parent / "usg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, src: Path, *args: str) -> None:
+        self.port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        self.log = Path(tempfile.mkdtemp(prefix="usg-bench-")) / "serve.log"
+        cmd = [str(USG), "serve", str(GRAPH), "--port", str(self.port), "--log-level", "warning", *args]
+        with self.log.open("wb") as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"usg serve exited: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("usg serve not ready after 120 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _find(doc: Any, key: str) -> list[Any]:
+    if isinstance(doc, dict):
+        return [v for k, v in doc.items() if k == key] + [x for v in doc.values() for x in _find(v, key)]
+    if isinstance(doc, list):
+        return [x for v in doc for x in _find(v, key)]
+    return []
+
+
+def bench_p50(url: str, args: argparse.Namespace) -> tuple[float, float]:
+    out = subprocess.run(
+        [
+            *(str(USG), "bench", url, "--graph", str(GRAPH), "-c", str(args.concurrency)),
+            *("--duration", str(args.duration), "--warmup", str(args.warmup), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    doc = json.loads(out.stdout)
+    p50s = _find(doc, "p50_ms")
+    rps = _find(doc, "throughput_rps") or _find(doc, "rps")
+    return float(p50s[0]), float(rps[0]) if rps else float("nan")
+
+
+def overhead(args: argparse.Namespace) -> None:
+    systems = {"baseline": Path(args.baseline_src), "hardened": ROOT / "src"}
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in systems}
+    for r in range(args.rounds):
+        order = list(systems) if r % 2 == 0 else list(reversed(systems))
+        for name in order:
+            server = Server(systems[name])
+            try:
+                results[name].append(bench_p50(server.url, args))
+            finally:
+                server.stop()
+            print(f"round {r + 1} {name:9s} p50 {results[name][-1][0]:8.1f} ms  ({results[name][-1][1]:.2f} req/s)")
+    base = float(np.median([p for p, _ in results["baseline"]]))
+    hard = float(np.median([p for p, _ in results["hardened"]]))
+    print(f"\nmedian p50: baseline {base:.1f} ms, hardened {hard:.1f} ms, ratio {hard / base:.3f} (target <= 1.05)")
+
+
+def _stall_forever(port: int, stop: threading.Event, sockets: int, reconnects: list[int]) -> None:
+    """Keep ``sockets`` connections stalled mid-body; reopen each one the server closes."""
+    head = (
+        b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n" + b'{"inputs":'
+    )
+
+    def one() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(head)
+        s.setblocking(False)
+        return s
+
+    open_ = [one() for _ in range(sockets)]
+    while not stop.is_set():
+        for i, s in enumerate(open_):
+            try:
+                if s.recv(65536) == b"":
+                    raise ConnectionResetError
+            except BlockingIOError:
+                continue
+            except OSError:
+                s.close()
+                open_[i] = one()
+                reconnects[0] += 1
+        stop.wait(0.05)
+    for s in open_:
+        s.close()
+
+
+async def _text_p50(url: str, clients: int, duration: float) -> tuple[float, int, int]:
+    import httpx
+
+    lat: list[float] = []
+    bad = 0
+    stop_at = time.perf_counter() + duration
+    async with httpx.AsyncClient(timeout=30) as c:
+
+        async def client(k: int) -> None:
+            nonlocal bad
+            i = 0
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                r = await c.post(f"{url}/v1/infer", json={"inputs": {"text": f"query {k} {i}"}})
+                if r.status_code == 200:
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    bad += 1
+                i += 1
+
+        await asyncio.gather(*(client(k) for k in range(clients)))
+    return float(np.percentile(lat, 50) * 1000) if lat else float("nan"), len(lat), bad
+
+
+def slowloris(args: argparse.Namespace) -> None:
+    server = Server(ROOT / "src", "--max-inflight", "8")
+    try:
+        asyncio.run(_text_p50(server.url, 4, 3.0))  # warm-up
+        normal, n_ok, n_bad = asyncio.run(_text_p50(server.url, 4, args.duration))
+        print(f"normal:          p50 {normal:7.1f} ms  ({n_ok} answered, {n_bad} refused)")
+        stop, reconnects = threading.Event(), [0]
+        attacker = threading.Thread(target=_stall_forever, args=(server.port, stop, args.sockets, reconnects))
+        attacker.start()
+        time.sleep(1.0)
+        try:
+            attacked, a_ok, a_bad = asyncio.run(_text_p50(server.url, 4, args.duration))
+        finally:
+            stop.set()
+            attacker.join()
+        print(
+            f"{args.sockets} stalled sockets: p50 {attacked:7.1f} ms  ({a_ok} answered, {a_bad} refused; "
+            f"the server closed {reconnects[0]} stalled sockets, each reopened)"
+        )
+        print(f"ratio attacked / normal p50: {attacked / normal:.2f} (target <= 2)")
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--baseline-src", required=True, help="the src/ folder of the tree to compare against")
+    o.add_argument("--rounds", type=int, default=2)
+    o.add_argument("--concurrency", type=int, default=4)
+    o.add_argument("--duration", type=float, default=15.0)
+    o.add_argument("--warmup", type=float, default=4.0)
+    s = sub.add_parser("slowloris")
+    s.add_argument("--sockets", type=int, default=50)
+    s.add_argument("--duration", type=float, default=10.0)
+    args = ap.parse_args()
+    overhead(args) if args.what == "overhead" else slowloris(args)
+
+
+if __name__ == "__main__":
+    main()
