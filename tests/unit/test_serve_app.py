@@ -16,6 +16,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install 'usg[serve]'")
+
 from PIL import Image
 from starlette.testclient import TestClient
 
@@ -247,6 +250,7 @@ def test_v2_json_tensors(client: TestClient) -> None:
 
 
 def test_v2_binary_request_and_binary_response(client: TestClient) -> None:
+    pytest.importorskip("tritonclient.http", reason="needs the triton extra: pip install 'usg[triton]'")
     from tritonclient.http import InferResult
 
     image = png(5, 4)

@@ -6,6 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install 'usg[serve]'")
+pytest.importorskip("opentelemetry.sdk", reason="needs the serve extra: pip install 'usg[serve]'")
+
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
