@@ -137,6 +137,14 @@ def serve(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
                 "fix: drop it with --engine ray"
             )
+        ctx = click.get_current_context()
+        for flag in ("api_key_env", "header_timeout", "body_timeout", "keepalive_timeout"):
+            if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
+                option = "--" + flag.replace("_", "-")
+                raise UsageError(
+                    f"{option} applies to the embedded engine only (with --engine ray, Ray Serve's proxy is "
+                    f"the HTTP server); fix: drop {option} with --engine ray"
+                )
         from usg.cli.serve_ray import serve_on_ray
 
         serve_on_ray(
