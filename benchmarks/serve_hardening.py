@@ -7,7 +7,7 @@ slowloris  the hardened server with ``--max-inflight 8``: p50 of text requests f
            alone and while 50 connections stall (headers sent, 10 of 100000 body bytes, then
            nothing; each reconnects when the server closes it). Target: within 2x of normal.
 
-Run:  python benchmarks/serve_hardening.py overhead --baseline-src /work/main/src [--rounds 2]
+Run:  python benchmarks/serve_hardening.py overhead --baseline-src /work/main/src [--rounds 2] [--inputs DIR]
       python benchmarks/serve_hardening.py slowloris [--sockets 50 --duration 10]
 Prints figures and ratios; no pass/fail (machines here are shared and noisy).
 """
@@ -90,6 +90,7 @@ def bench_p50(url: str, args: argparse.Namespace) -> tuple[float, float]:
         [
             *(str(USG), "bench", url, "--graph", str(GRAPH), "-c", str(args.concurrency)),
             *("--duration", str(args.duration), "--warmup", str(args.warmup), "--json"),
+            *(("--inputs", args.inputs) if args.inputs else ()),
         ],
         capture_output=True,
         text=True,
@@ -97,9 +98,9 @@ def bench_p50(url: str, args: argparse.Namespace) -> tuple[float, float]:
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     doc = json.loads(out.stdout)
-    p50s = _find(doc, "p50_ms")
-    rps = _find(doc, "throughput_rps") or _find(doc, "rps")
-    return float(p50s[0]), float(rps[0]) if rps else float("nan")
+    p50 = next((p for p in _find(doc, "p50_ms") if p is not None), None)  # None: nothing completed
+    rps = _find(doc, "throughput_rps")
+    return (float("nan") if p50 is None else float(p50)), (float(rps[0]) if rps else float("nan"))
 
 
 def overhead(args: argparse.Namespace) -> None:
@@ -114,8 +115,8 @@ def overhead(args: argparse.Namespace) -> None:
             finally:
                 server.stop()
             print(f"round {r + 1} {name:9s} p50 {results[name][-1][0]:8.1f} ms  ({results[name][-1][1]:.2f} req/s)")
-    base = float(np.median([p for p, _ in results["baseline"]]))
-    hard = float(np.median([p for p, _ in results["hardened"]]))
+    base = float(np.nanmedian([p for p, _ in results["baseline"]]))
+    hard = float(np.nanmedian([p for p, _ in results["hardened"]]))
     print(f"\nmedian p50: baseline {base:.1f} ms, hardened {hard:.1f} ms, ratio {hard / base:.3f} (target <= 1.05)")
 
 
@@ -206,6 +207,7 @@ def main() -> None:
     o.add_argument("--concurrency", type=int, default=4)
     o.add_argument("--duration", type=float, default=15.0)
     o.add_argument("--warmup", type=float, default=4.0)
+    o.add_argument("--inputs", default=None, help="usg bench --inputs (e.g. a folder of .txt files: text-only)")
     s = sub.add_parser("slowloris")
     s.add_argument("--sockets", type=int, default=50)
     s.add_argument("--duration", type=float, default=10.0)

@@ -71,7 +71,7 @@ def test_burst_of_10x_capacity_gets_fast_429s_and_bounded_memory(
     # warm up (first request imports the node function), then measure
     asyncio.run(_post_all(server.url, ["warm"]))
     rss_before = server.rss_kib()
-    payload = "sleep:0.8 " + "x" * 90_000  # 90 kB per request (under limits.max_text_chars), 3.6 MB per burst
+    payload = "sleep:0.8 " + "x" * 100_000  # 100 kB per request (slow.yaml raises limits.max_text_chars)
     results = asyncio.run(_post_all(server.url, [payload] * (10 * capacity)))
     rss_after = server.rss_kib()
     ok = [(t, r) for code, t, r in results if code == 200]

@@ -102,8 +102,8 @@ def test_truncated_images_are_input_errors() -> None:
 
 def test_text_limits_and_surrogates() -> None:
     graph = tiny_graph()
-    with pytest.raises(PayloadTooLarge, match=r"100001 characters.*limits.max_text_chars"):
-        normalize_inputs(graph, {"text": "x" * 100_001})
+    with pytest.raises(PayloadTooLarge, match=r"20001 characters.*limits.max_text_chars"):
+        normalize_inputs(graph, {"text": "x" * 20_001})
     with pytest.raises(InputError, match=r"lone surrogate \\ud800 at index 1"):
         normalize_inputs(graph, {"text": "a\ud800"})
     with pytest.raises(InputError, match="not valid UTF-8"):

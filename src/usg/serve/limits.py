@@ -15,7 +15,7 @@ key                         default          refused with 413 when
 ``max_nesting_depth``       32               JSON lists/objects nest deeper
 ``max_image_pixels``        40,000,000       a decoded image has more pixels (from its header)
 ``max_aspect_ratio``        50               an image's long side / short side is larger
-``max_text_chars``          100,000          a text input has more characters
+``max_text_chars``          20,000           a text input has more characters
 ==========================  ===============  =================================================
 
 ``image_formats`` (default PNG, JPEG, WEBP, BMP, TIFF, GIF; EPS never) lists the decoders an
