@@ -80,7 +80,8 @@ def test_burst_of_10x_capacity_gets_fast_429s_and_bounded_memory(
     assert capacity <= len(ok) <= 2 * capacity
     assert len(rejected) >= 8 * capacity
     assert all(r.json()["outputs"]["length"] == len(payload) for _, r in ok)
-    assert max(t for t, _ in rejected) < 0.8  # refused before any slow request finished
+    # refused without waiting for a slot: every 429 came back before any admitted request finished
+    assert max(t for t, _ in rejected) < min(t for t, _ in ok)
     assert all(r.headers["retry-after"] == "1" and r.json()["error"] == "overloaded" for _, r in rejected)
     assert rss_after - rss_before < 64 * 1024, (rss_before, rss_after)  # KiB
     metrics = httpx.get(f"{server.url}/metrics").text
