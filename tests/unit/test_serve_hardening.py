@@ -164,3 +164,24 @@ def test_openapi_lists_the_graph_inputs() -> None:
         doc = c.get("/openapi.json").json()
     props = doc["paths"]["/v1/infer"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(props["properties"]["inputs"]["properties"]) == {"text", "image", "x"}
+
+
+def test_image_formats_per_input_from_the_graph_limits() -> None:
+    from usg.graph import GraphBuilder
+
+    graph = (
+        GraphBuilder("fmt")
+        .input("scan", "image", optional=True)
+        .input("photo", "image", optional=True)
+        .node("shape", fn="slow_ops:image_shape", inputs={"image": "inputs.scan"})
+        .output("shape", "shape.shape")
+        .limits(image_formats={"scan": ["PPM"]})
+        .build()
+    )
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, format="PPM")
+    assert normalize_inputs(graph, {"scan": buf.getvalue()})["scan"].shape == (4, 4, 3)
+    with pytest.raises(InputError, match=r"allowed format \(PNG, JPEG, WEBP, BMP, TIFF, GIF\)"):
+        normalize_inputs(graph, {"photo": buf.getvalue()})  # the default list
+    with pytest.raises(InputError, match=r"allowed format \(PPM\)"):
+        normalize_inputs(graph, {"scan": _png(4, 4)})
