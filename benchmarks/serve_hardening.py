@@ -3,11 +3,16 @@
 overhead   ``usg bench URL`` of the document graph against two ``usg serve`` processes started
            back to back in rounds, one from ``--baseline-src`` (e.g. a checkout of main) and one
            from this tree: HTTP p50 (target: the hardened server adds <= 5%).
+layer      the HTTP layer alone, in process (httpx ASGITransport, no sockets), on a model-free
+           graph (tests/resources/serve/slow.yaml, one Python node): median latency of sequential
+           /v1 requests, both trees in alternating child processes. Model compute is left out,
+           so what differs is admission, decoding and error handling.
 slowloris  the hardened server with ``--max-inflight 8``: p50 of text requests from 4 clients,
            alone and while 50 connections stall (headers sent, 10 of 100000 body bytes, then
            nothing; each reconnects when the server closes it). Target: within 2x of normal.
 
 Run:  python benchmarks/serve_hardening.py overhead --baseline-src /work/main/src [--rounds 2] [--inputs DIR]
+      python benchmarks/serve_hardening.py layer --baseline-src /work/main/src [--rounds 5 --requests 600]
       python benchmarks/serve_hardening.py slowloris [--sockets 50 --duration 10]
 Prints figures and ratios; no pass/fail (machines here are shared and noisy).
 """
@@ -120,6 +125,49 @@ def overhead(args: argparse.Namespace) -> None:
     print(f"\nmedian p50: baseline {base:.1f} ms, hardened {hard:.1f} ms, ratio {hard / base:.3f} (target <= 1.05)")
 
 
+_LAYER_CHILD = """
+import asyncio, statistics, sys, time
+import httpx
+from usg.graph import load_graph
+from usg.serve import create_app
+
+async def main(n):
+    graph = load_graph(sys.argv[1])
+    app = create_app(graph)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            lat = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                r = await c.post("/v1/infer", json={"inputs": {"text": f"query {i}"}})
+                assert r.status_code == 200, r.text
+                lat.append(time.perf_counter() - t0)
+    print(statistics.median(lat[n // 10:]) * 1000)
+
+asyncio.run(main(int(sys.argv[2])))
+"""
+
+
+def layer(args: argparse.Namespace) -> None:
+    graph = ROOT / "tests" / "resources" / "serve" / "slow.yaml"
+    trees = {"baseline": Path(args.baseline_src), "hardened": ROOT / "src"}
+    medians: dict[str, list[float]] = {k: [] for k in trees}
+    for r in range(args.rounds):
+        for name in list(trees) if r % 2 == 0 else list(reversed(trees)):
+            path = os.pathsep.join([str(trees[name]), str(graph.parent)])
+            out = subprocess.run(
+                [sys.executable, "-c", _LAYER_CHILD, str(graph), str(args.requests)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "PYTHONPATH": path},
+            )
+            medians[name].append(float(out.stdout.split()[-1]))
+            print(f"round {r + 1} {name:9s} median {medians[name][-1]:6.2f} ms per request")
+    base, hard = float(np.median(medians["baseline"])), float(np.median(medians["hardened"]))
+    print(f"\nmedian of medians: baseline {base:.2f} ms, hardened {hard:.2f} ms, ratio {hard / base:.3f}")
+
+
 def _stall_forever(port: int, stop: threading.Event, sockets: int, reconnects: list[int]) -> None:
     """Keep ``sockets`` connections stalled mid-body; reopen each one the server closes."""
     head = (
@@ -208,11 +256,15 @@ def main() -> None:
     o.add_argument("--duration", type=float, default=15.0)
     o.add_argument("--warmup", type=float, default=4.0)
     o.add_argument("--inputs", default=None, help="usg bench --inputs (e.g. a folder of .txt files: text-only)")
+    la = sub.add_parser("layer")
+    la.add_argument("--baseline-src", required=True)
+    la.add_argument("--rounds", type=int, default=5)
+    la.add_argument("--requests", type=int, default=600)
     s = sub.add_parser("slowloris")
     s.add_argument("--sockets", type=int, default=50)
     s.add_argument("--duration", type=float, default=10.0)
     args = ap.parse_args()
-    overhead(args) if args.what == "overhead" else slowloris(args)
+    {"overhead": overhead, "layer": layer, "slowloris": slowloris}[args.what](args)
 
 
 if __name__ == "__main__":
