@@ -135,3 +135,39 @@ def test_busy_port_fails_before_loading_models_with_exit_1() -> None:
     assert out.returncode == 1, out
     assert f"port {port} on 127.0.0.1 is already in use" in out.stderr and "fix: pass a free --port" in out.stderr
     assert "serving graph" not in out.stderr  # refused before the graph was loaded
+
+
+def test_a_trickling_body_and_trickling_headers_are_cut_off(serve: Callable[..., Server], slow_graph: Path) -> None:
+    server = serve(slow_graph, "--body-timeout", "2", "--header-timeout", "2")
+    for start in (
+        b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+        b"POST /v1/infer HTTP/1.1\r\n",
+    ):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        try:
+            s.sendall(start)
+            answer = b""
+            closed = False
+            for _ in range(40):  # one byte every 0.25 s for up to 10 s: never idle, never done
+                try:
+                    s.sendall(b"x")
+                except OSError:
+                    closed = True
+                    break
+                s.settimeout(0.25)
+                try:
+                    chunk = s.recv(65536)
+                except TimeoutError:
+                    continue
+                except ConnectionResetError:
+                    closed = True
+                    break
+                if not chunk:
+                    closed = True
+                    break
+                answer += chunk
+            assert closed, answer
+            if b"Content-Length: 100000" in start:
+                assert answer.startswith(b"HTTP/1.1 408"), answer
+        finally:
+            s.close()
