@@ -13,7 +13,7 @@ slowloris  the hardened server with ``--max-inflight 8``: p50 of text requests f
 
 Run:  python benchmarks/serve_hardening.py overhead --baseline-src /work/main/src [--rounds 2] [--inputs DIR]
       python benchmarks/serve_hardening.py layer --baseline-src /work/main/src [--rounds 5 --requests 600]
-      python benchmarks/serve_hardening.py slowloris [--sockets 50 --duration 10]
+      python benchmarks/serve_hardening.py slowloris [--sockets 50 --duration 10] [--src /work/main/src]
 Prints figures and ratios; no pass/fail (machines here are shared and noisy).
 """
 
@@ -223,7 +223,7 @@ async def _text_p50(url: str, clients: int, duration: float) -> tuple[float, int
 
 
 def slowloris(args: argparse.Namespace) -> None:
-    server = Server(ROOT / "src", "--max-inflight", "8")
+    server = Server(Path(args.src) if args.src else ROOT / "src", "--max-inflight", "8")
     try:
         asyncio.run(_text_p50(server.url, 4, 3.0))  # warm-up
         normal, n_ok, n_bad = asyncio.run(_text_p50(server.url, 4, args.duration))
@@ -263,6 +263,7 @@ def main() -> None:
     s = sub.add_parser("slowloris")
     s.add_argument("--sockets", type=int, default=50)
     s.add_argument("--duration", type=float, default=10.0)
+    s.add_argument("--src", default=None, help="the src/ folder of the server to attack (default: this tree)")
     args = ap.parse_args()
     {"overhead": overhead, "layer": layer, "slowloris": slowloris}[args.what](args)
 
