@@ -23,6 +23,7 @@ from usg.errors import InputError, Overloaded, PayloadTooLarge, RequestTimeout, 
 from usg.serve.decode import safe_text
 
 __all__ = [
+    "BodyTimeout",
     "DrainingError",
     "Formatter",
     "InternalError",
@@ -59,6 +60,13 @@ class Unauthorized(USGError):
     reason = "unauthorized"
 
 
+class BodyTimeout(USGError):
+    """The client did not send its whole body within the body timeout (a slow or stalled upload)."""
+
+    status = 408
+    reason = "body_timeout"
+
+
 class InternalError(USGError):
     """A bug (ours or a node's) surfaced while serving; the details stay in the server log."""
 
@@ -91,7 +99,7 @@ def rejection_reason(exc: USGError) -> str | None:
         return "unavailable"
     if isinstance(exc, Unauthorized):
         return "unauthorized"
-    if exc.reason == "body_timeout":  # usg.serve.limits.BodyTimeout (limits imports this module's peers)
+    if isinstance(exc, BodyTimeout):
         return "slow_client"
     return None
 
@@ -119,8 +127,8 @@ def _finish(body: dict[str, Any], exc: USGError, request_id: str | None) -> JSON
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, DrainingError):
-        headers["Connection"] = "close"
+    if isinstance(exc, (DrainingError, BodyTimeout)):
+        headers["Connection"] = "close"  # draining: go elsewhere; a cut-off body: the stream is out of step
     clean = {k: safe_text(v) if isinstance(v, str) else v for k, v in body.items()}
     return JSONResponse(clean, status_code=exc.status, headers=headers)
 

@@ -32,8 +32,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from usg.errors import Overloaded, PayloadTooLarge, USGError
+from usg.errors import Overloaded, PayloadTooLarge
 from usg.runtime.inputs import graph_limit
+from usg.serve.errors import BodyTimeout
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -62,13 +63,6 @@ class RequestLimits:
         body = max_body_bytes or int(graph_limit(graph_limits, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
         depth = int(graph_limit(graph_limits, "max_nesting_depth", DEFAULT_MAX_NESTING_DEPTH))
         return cls(max_body_bytes=body, max_nesting_depth=depth)
-
-
-class BodyTimeout(USGError):
-    """The client did not send its whole body within the body timeout (a slow or stalled upload)."""
-
-    status = 408
-    reason = "body_timeout"
 
 
 class InflightGate:
@@ -176,7 +170,8 @@ async def read_body(request: Request, limit: int, *, timeout_s: float | None = N
     except TimeoutError:
         raise BodyTimeout(
             f"the request body did not arrive within {timeout_s:g} s ({total} bytes received in "
-            f"{time.monotonic() - t0:.1f} s)",
+            f"{time.monotonic() - t0:.1f} s); fix: send the whole body promptly, or start the server "
+            "with a larger --body-timeout",
         ) from None
     except ClientDisconnect:
         raise BodyTimeout("the client disconnected before sending its whole body") from None
