@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -29,15 +29,13 @@ from usg.graph import Graph, describe_model
 from usg.graph.model import model_output
 from usg.runtime.result import to_jsonable
 from usg.serve.binary import V2Tensor, decode_tensor, dtype_to_datatype, encode_response, split_body
-from usg.serve.errors import ModelNotFound, error_response
-from usg.serve.limits import read_body
-from usg.serve.v1 import b64_image
+from usg.serve.context import ServeContext
+from usg.serve.decode import b64_image, parsing, safe_text
+from usg.serve.errors import ModelNotFound
+from usg.serve.limits import DEFAULT_MAX_NESTING_DEPTH
 from usg.specs import Modality, TensorSpec
 
-if TYPE_CHECKING:
-    from usg.serve.app import ServeContext
-
-__all__ = ["graph_metadata", "routes", "to_v2_output"]
+__all__ = ["graph_metadata", "routes", "server_metadata", "to_v2_output"]
 
 VERSION = "1"
 
@@ -141,7 +139,7 @@ def _graph_value(graph: Graph, t: V2Tensor) -> Any:
                 fix=f"send {t.name} with shape [1]",
             )
         if d.modality is Modality.IMAGE and not t.binary:  # JSON strings cannot hold raw image bytes
-            return b64_image(t.name, t.value[0].decode("utf-8"))
+            return b64_image(t.name, t.value[0].decode("utf-8", errors="replace"))
         return t.value[0]
     if d.modality is Modality.IMAGE and t.datatype == "UINT8" and isinstance(t.value, np.ndarray):
         arr = t.value[0] if t.value.ndim == 4 and t.value.shape[0] == 1 else t.value
@@ -162,9 +160,11 @@ def _graph_value(graph: Graph, t: V2Tensor) -> Any:
     )
 
 
-def parse_v2_request(graph: Graph, body: bytes, header_length: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_v2_request(
+    graph: Graph, body: bytes, header_length: str | None, *, max_depth: int = DEFAULT_MAX_NESTING_DEPTH
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode a v2 inference request → (executor inputs, JSON header)."""
-    header, tail = split_body(body, header_length)
+    header, tail = split_body(body, header_length, max_depth=max_depth)
     entries = header.get("inputs")
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError(
@@ -193,26 +193,55 @@ def parse_v2_request(graph: Graph, body: bytes, header_length: str | None) -> tu
 
 
 def _wants(header: Mapping[str, Any], graph: Graph) -> list[tuple[str, bool]]:
-    params = header.get("parameters") or {}
-    default_binary = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    params = header.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise InputError(
+            f"parameters must be an object, got {type(params).__name__}",
+            field="parameters",
+            fix='send "parameters": {"binary_data_output": true} or leave it out',
+        )
+    default_binary = bool((params or {}).get("binary_data_output", False))
     requested = header.get("outputs")
-    if not requested:
+    if requested is None or requested == []:
         return [(name, default_binary) for name in graph.outputs]
+    if not isinstance(requested, list):
+        raise InputError(
+            f"outputs must be a list of {{name, parameters}} objects, got {type(requested).__name__}",
+            field="outputs",
+            fix=f'send "outputs": [{{"name": "{next(iter(graph.outputs))}"}}] or leave it out',
+        )
     out: list[tuple[str, bool]] = []
     for r in requested:
         name = r.get("name") if isinstance(r, dict) else None
-        if name not in graph.outputs:
+        if not isinstance(name, str) or name not in graph.outputs:
             raise InputError(
                 f"requested output {name!r} does not exist",
                 field="outputs",
                 fix=f"request some of: {', '.join(graph.outputs)}",
             )
-        p = r.get("parameters") or {}
-        out.append((str(name), bool(p.get("binary_data", default_binary))))
+        p = r.get("parameters")
+        if p is not None and not isinstance(p, dict):
+            raise InputError(
+                f"outputs[{name!r}].parameters must be an object, got {type(p).__name__}",
+                field="outputs",
+                fix='send "parameters": {"binary_data": true} or leave it out',
+            )
+        out.append((name, bool((p or {}).get("binary_data", default_binary))))
     return out
 
 
+def server_metadata(ctx: ServeContext) -> Any:
+    """``GET /v2``: the server's name, version and protocol extensions."""
+
+    async def endpoint(request: Request) -> Response:
+        ctx.authorize(request)
+        return JSONResponse({"name": "usg", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    return endpoint
+
+
 def routes(ctx: ServeContext) -> list[Route]:
+    """The v2 routes, relative to ``/v2`` (mounted there with the v2 error formatter)."""
     graph = ctx.graph
     metadata: list[dict[str, Any]] = []  # computed once, on first use (reads model files' headers)
 
@@ -231,63 +260,53 @@ def routes(ctx: ServeContext) -> list[Route]:
     async def ready(request: Request) -> Response:
         return JSONResponse({"ready": ctx.ready, "state": ctx.state.value}, status_code=200 if ctx.ready else 503)
 
-    async def server_metadata(request: Request) -> Response:
-        return JSONResponse({"name": "usg", "version": __version__, "extensions": ["binary_tensor_data"]})
-
     async def model_metadata(request: Request) -> Response:
-        try:
-            check_model(request)
-        except ModelNotFound as exc:
-            return error_response(exc, v2=True)
+        ctx.authorize(request)
+        check_model(request)
         if not metadata:
             metadata.append(graph_metadata(graph))
         return JSONResponse(metadata[0])
 
     async def model_ready(request: Request) -> Response:
-        try:
-            check_model(request)
-        except ModelNotFound as exc:
-            return error_response(exc, v2=True)
+        check_model(request)
         return JSONResponse({"name": graph.name, "ready": ctx.ready}, status_code=200 if ctx.ready else 503)
 
-    async def infer(request: Request) -> Response:
-        async def work(rid: str) -> Response:
-            check_model(request)
-            body = await read_body(request, ctx.config.max_body_bytes)
-            raw, header = parse_v2_request(graph, body, request.headers.get("inference-header-content-length"))
+    async def work(request: Request, rid: str, body: bytes) -> Response:
+        check_model(request)
+        with parsing("the inference request"):
+            header_length = request.headers.get("inference-header-content-length")
+            raw, header = parse_v2_request(graph, body, header_length, max_depth=ctx.limits.max_nesting_depth)
             wants = _wants(header, graph)
-            result = await ctx.infer(raw, rid)
-            tensors = []
-            for name, binary in wants:
-                if name not in result.outputs:
-                    continue
-                datatype, shape, value = to_v2_output(result.outputs[name])
-                tensors.append(({"name": name, "datatype": datatype, "shape": shape}, value, binary))
-            head = {
-                "model_name": graph.name,
-                "model_version": VERSION,
-                "id": str(header.get("id", rid)),
-                "parameters": {"pruned_nodes": ",".join(result.pruned_nodes), "request_id": rid},
-            }
-            content, header_len = encode_response(head, tensors)
-            if header_len is None:
-                return Response(content, media_type="application/json")
-            return Response(
-                content,
-                media_type="application/octet-stream",
-                headers={"Inference-Header-Content-Length": str(header_len)},
-            )
+        result = await ctx.infer(raw, rid)
+        tensors = []
+        for name, binary in wants:
+            if name not in result.outputs:
+                continue
+            datatype, shape, value = to_v2_output(result.outputs[name])
+            tensors.append(({"name": name, "datatype": datatype, "shape": shape}, value, binary))
+        head = {
+            "model_name": graph.name,
+            "model_version": VERSION,
+            "id": safe_text(str(header.get("id", rid))),
+            "parameters": {"pruned_nodes": ",".join(result.pruned_nodes), "request_id": rid},
+        }
+        content, header_len = encode_response(head, tensors)
+        if header_len is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_len)},
+        )
 
-        return await ctx.guarded(request, "v2_infer", work, v2=True)
-
+    infer = ctx.endpoint("v2_infer", work)
     return [
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", ready, methods=["GET"]),
-        Route("/v2", server_metadata, methods=["GET"]),
-        Route("/v2/models/{model}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{model}/versions/{version}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{model}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{model}/versions/{version}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/health/live", live, methods=["GET"]),
+        Route("/health/ready", ready, methods=["GET"]),
+        Route("/models/{model}", model_metadata, methods=["GET"]),
+        Route("/models/{model}/versions/{version}", model_metadata, methods=["GET"]),
+        Route("/models/{model}/ready", model_ready, methods=["GET"]),
+        Route("/models/{model}/versions/{version}/ready", model_ready, methods=["GET"]),
+        Route("/models/{model}/infer", infer, methods=["POST"]),
+        Route("/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
     ]
