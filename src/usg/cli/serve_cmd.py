@@ -26,6 +26,12 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option(
+    "--grpc-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Also serve Triton's gRPC inference protocol (tritonclient.grpc) on this port; embedded engine only.",
+)
+@click.option(
     "--max-inflight",
     default=64,
     show_default=True,
@@ -85,6 +91,7 @@ def serve(
     graph_path: str,
     host: str,
     port: int,
+    grpc_port: int | None,
     max_inflight: int,
     max_body_mb: float,
     timeout: float,
@@ -96,6 +103,10 @@ def serve(
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
+    if grpc_port is not None and engine == "ray":
+        raise UsageError("--grpc-port needs the embedded engine (--engine ray serves HTTP only); fix: drop --grpc-port")
+    if grpc_port is not None and grpc_port == port:
+        raise UsageError(f"--grpc-port {grpc_port} is also the HTTP --port; fix: pick another --grpc-port")
     if engine == "ray":
         if no_batching:
             raise UsageError(
@@ -117,6 +128,10 @@ def serve(
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
     from usg.serve import create_app, make_tracer_provider
 
+    if grpc_port is not None:
+        from usg.serve.grpc_server import attach_grpc, check_port_free
+
+        check_port_free(host, grpc_port)  # before the models load
     graph = load_graph_for_cli(graph_path)
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
     app = create_app(
@@ -128,6 +143,8 @@ def serve(
         tracer_provider=provider,
     )
     ctx = app.state.usg
+    if grpc_port is not None:
+        attach_grpc(app, host, grpc_port, api_key=getattr(ctx.config, "api_key", None))
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -143,8 +160,9 @@ def serve(
         timeout_graceful_shutdown=int(timeout) + 10,
     )
     err_console.print(
-        f"[dim]serving graph {graph.name!r} on http://{host}:{port} "
-        f"(max in-flight {max_inflight}, body ≤ {max_body_mb:g} MiB)[/]"
+        f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
+        + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else "")
+        + f" (max in-flight {max_inflight}, body ≤ {max_body_mb:g} MiB)[/]"
     )
     # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the
     # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
