@@ -48,12 +48,16 @@ def graph() -> Graph:
 
 
 @contextlib.asynccontextmanager
-async def serving(api_key: str | None = None, **kw: Any) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
+async def serving(
+    api_key: str | None = None, **kw: Any
+) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
     app = create_app(graph(), **kw)
     ctx = app.state.usg
-    async with app.router.lifespan_context(app), grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key) as port:
-        async with tga.InferenceServerClient(f"127.0.0.1:{port}") as client:
-            yield ctx, client
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        port = await stack.enter_async_context(grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key))
+        client = await stack.enter_async_context(tga.InferenceServerClient(f"127.0.0.1:{port}"))
+        yield ctx, client
 
 
 def text_input(*texts: str | bytes) -> InferInput:
@@ -109,7 +113,7 @@ def test_typed_contents_and_raw_contents_decode_alike() -> None:
         (request(tensor("text", "BYTES", [2], bytes_contents=[b"a", b"b"])), "expected 1 BYTES element"),
         (request(tensor("txt", "BYTES", [1], bytes_contents=[b"a"])), "unknown input 'txt'.*use the model's inputs"),
         (
-            request(tensor("text", "BYTES", [1], bytes_contents=[b"a"]), tensor("text", "BYTES", [1], bytes_contents=[b"b"])),
+            request(*[tensor("text", "BYTES", [1], bytes_contents=[b"a"])] * 2),
             "given more than once",
         ),
     ],
@@ -150,7 +154,7 @@ def test_infer_health_metadata_and_errors_with_tritonclient() -> None:
             assert [o.name for o in only.get_response().outputs] == ["x"]
             assert "echo" in only.get_response().parameters["pruned_nodes"].string_param
 
-            with pytest.raises(InferenceServerException, match="expected 1 BYTES element.*fix: send text") as info:
+            with pytest.raises(InferenceServerException, match=r"expected 1 BYTES element.*fix: send text") as info:
                 await client.infer("g", [text_input("a", "b")])
             assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
             with pytest.raises(InferenceServerException, match="text is not valid UTF-8") as info:
@@ -189,7 +193,7 @@ def test_draining_is_unavailable_and_not_ready() -> None:
             ctx.begin_draining()
             assert not await client.is_server_ready()
             assert await client.is_server_live()
-            with pytest.raises(InferenceServerException, match="shutting down.*retry on another replica") as info:
+            with pytest.raises(InferenceServerException, match=r"shutting down.*retry on another replica") as info:
                 await client.infer("g", [text_input("a")])
             assert info.value.status() == "StatusCode.UNAVAILABLE"
 
