@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -275,3 +277,27 @@ def test_attach_grpc_runs_with_the_app_lifespan_and_busy_ports_are_refused() -> 
         check_port_free("127.0.0.1", port)  # released
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "match"),
+    [
+        (["--engine", "ray", "--grpc-port", "9001"], 2, "--grpc-port needs the embedded engine.*fix: drop --grpc-port"),
+        (["--port", "9001", "--grpc-port", "9001"], 2, "--grpc-port 9001 is also the HTTP --port"),
+        (["--grpc-port", "BUSY"], 1, "--grpc-port BUSY: cannot listen on 127.0.0.1:BUSY.*fix: stop the process"),
+    ],
+)
+def test_cli_refuses_bad_grpc_ports_before_loading_models(
+    args: list[str], code: int, match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from usg.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        with pytest.raises(SystemExit) as exc:
+            main(["serve", "does-not-exist.yaml", *[port if a == "BUSY" else a for a in args]])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == code
+    assert re.search(match.replace("BUSY", port), err), err
