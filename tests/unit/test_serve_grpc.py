@@ -301,3 +301,17 @@ def test_cli_refuses_bad_grpc_ports_before_loading_models(
     err = " ".join(capsys.readouterr().err.split())
     assert exc.value.code == code
     assert re.search(match.replace("BUSY", port), err), err
+
+
+def test_a_client_deadline_cancels_the_call_and_frees_its_slot() -> None:
+    async def scenario() -> None:
+        async with serving(max_inflight=1) as (ctx, client):
+            with pytest.raises(InferenceServerException) as info:
+                await client.infer("g", [text_input("sleep:0.5 a")], client_timeout=0.1)
+            assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            while ctx.gate.inflight:
+                await asyncio.sleep(0.01)
+            assert (await client.infer("g", [text_input("b")])).as_numpy("echo").tolist() == [b"b"]
+            assert ctx.executor.state.value == "running"
+
+    asyncio.run(scenario())

@@ -273,6 +273,7 @@ def check_port_free(host: str, port: int) -> None:
     """Refuse a busy ``--grpc-port`` before the models load (grpc would only fail after)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc: TIME_WAIT is free, a listener is not
         try:
             s.bind((host, port))
         except OSError as exc:
