@@ -6,7 +6,9 @@ text embedding for every query text (max abs difference <= 1e-5), then runs the 
 loop (N clients, each sending its next text as soon as its previous one returned) over
 tritonclient.grpc.aio (one channel, BYTES text in, FP32 out) and over httpx (JSON in, JSON
 out), alternating the order over rounds. Prints requests/s and p50/p95 per protocol and
-round, and the ratio gRPC / HTTP (median over rounds). Clients and server share this machine.
+round, the CPU time per request of the server process and of the client (this process) over
+the measured window, and the ratio gRPC / HTTP (median over rounds). Clients and server
+share this machine, so client CPU is taken from the server.
 
 Run: python benchmarks/grpc_vs_http.py [--clients 32] [--duration 15] [--warmup 3] [--rounds 2]
 """
@@ -99,12 +101,30 @@ async def http_embedding(client: httpx.AsyncClient, url: str, text: str) -> np.n
     return emb
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (this one when ``pid`` is None)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def closed_loop(
-    call: Callable[[str], Awaitable[object]], clients: int, duration: float, warmup: float
+    call: Callable[[str], Awaitable[object]], clients: int, duration: float, warmup: float, server_pid: int | None
 ) -> dict[str, float]:
     latencies: list[float] = []
     measure_from = time.perf_counter() + warmup
     stop_at = measure_from + duration
+    cpu: dict[str, float] = {}
+
+    async def meter() -> None:  # CPU of client and server over the measured window
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        cpu["client"] = -cpu_seconds(None)
+        cpu["server"] = -cpu_seconds(server_pid) if server_pid else float("nan")
+        await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
+        cpu["client"] += cpu_seconds(None)
+        cpu["server"] += cpu_seconds(server_pid) if server_pid else float("nan")
 
     async def client(k: int) -> None:
         i = k
@@ -116,8 +136,11 @@ async def closed_loop(
                 latencies.append((t1 - t0) * 1e3)
             i += clients
 
-    await asyncio.gather(*(client(k) for k in range(clients)))
+    await asyncio.gather(meter(), *(client(k) for k in range(clients)))
+    n = max(1, len(latencies))
     return {
+        "client_ms": cpu["client"] / n * 1e3,
+        "server_ms": cpu["server"] / n * 1e3,
         "rps": len(latencies) / duration,
         "p50": float(np.percentile(latencies, 50)),
         "p95": float(np.percentile(latencies, 95)),
@@ -125,7 +148,7 @@ async def closed_loop(
     }
 
 
-async def run(args: argparse.Namespace, url: str, grpc_target: str) -> None:
+async def run(args: argparse.Namespace, url: str, grpc_target: str, server_pid: int | None) -> None:
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     async with httpx.AsyncClient(timeout=60, limits=limits) as http, tga.InferenceServerClient(grpc_target) as grpc:
         worst = 0.0
@@ -141,14 +164,17 @@ async def run(args: argparse.Namespace, url: str, grpc_target: str) -> None:
             "http": lambda text: http_embedding(http, url, text),
         }
         ratios: list[float] = []
-        print(f"{'round':>5} {'protocol':<22}{'req/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'n':>7}")
+        print(f"{'round':>5} {'protocol':<22}{'req/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'n':>7}  CPU ms per request")
         for rnd in range(args.rounds):
             order = ["http", "grpc"] if rnd % 2 == 0 else ["grpc", "http"]
             got: dict[str, dict[str, float]] = {}
             for name in order:
-                got[name] = r = await closed_loop(calls[name], args.clients, args.duration, args.warmup)
+                got[name] = r = await closed_loop(calls[name], args.clients, args.duration, args.warmup, server_pid)
                 label = "gRPC ModelInfer" if name == "grpc" else "HTTP JSON /v1/infer"
-                print(f"{rnd + 1:>5} {label:<22}{r['rps']:>9.1f}{r['p50']:>9.1f}{r['p95']:>9.1f}{int(r['n']):>7}")
+                print(
+                    f"{rnd + 1:>5} {label:<22}{r['rps']:>9.1f}{r['p50']:>9.1f}{r['p95']:>9.1f}{int(r['n']):>7}"
+                    f"  server {r['server_ms']:.1f}, client {r['client_ms']:.1f}"
+                )
             ratios.append(got["grpc"]["rps"] / got["http"]["rps"])
             print(f"{rnd + 1:>5} ratio gRPC / HTTP: {ratios[-1]:.2f}x")
     print(
@@ -176,7 +202,7 @@ def main() -> None:
         proc, url, target, log = start_server(max_inflight=4 * args.clients)
         print(f"usg serve {GRAPH.relative_to(ROOT)} on {url} and gRPC {target} (log {log})")
     try:
-        asyncio.run(run(args, url, target))
+        asyncio.run(run(args, url, target, proc.pid if proc is not None else None))
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
