@@ -168,6 +168,9 @@ def test_infer_health_metadata_and_errors_with_tritonclient() -> None:
             with pytest.raises(InferenceServerException, match="not served") as info:
                 await client.is_model_ready("other")
             assert info.value.status() == "StatusCode.NOT_FOUND"
+            # a failing node: INTERNAL, its message (which may name library paths) stays in the log
+            with pytest.raises(InferenceServerException, match=r"internal error \(\w+\); details in the server log"):
+                await client.infer("g", [text_input("sleep:never")])
             metrics = ctx.metrics.render().decode()
             assert 'usg_grpc_requests_total{code="INVALID_ARGUMENT",method="ModelInfer"} 2.0' in metrics
             assert 'usg_rejected_requests_total{reason="bad_input"} 2.0' in metrics
@@ -205,7 +208,11 @@ def test_draining_is_unavailable_and_not_ready() -> None:
 def test_api_key_guards_inference_not_health() -> None:
     async def scenario() -> None:
         async with serving(api_key="s3cret") as (_, client):
-            assert await client.is_server_ready() and await client.get_model_metadata("g")
+            assert await client.is_server_live() and await client.is_server_ready() and await client.is_model_ready("g")
+            with pytest.raises(InferenceServerException, match="no authorization metadata") as info:
+                await client.get_model_metadata("g")
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert await client.get_model_metadata("g", headers={"authorization": "bearer s3cret"})
             for headers, match in (
                 (None, "no authorization metadata"),
                 ({"authorization": "Bearer wrong"}, "does not carry the server's API key"),

@@ -14,11 +14,12 @@ caller can do::
     ModelNotFound                           NOT_FOUND
     Unauthenticated                         UNAUTHENTICATED     an API key is set and the call lacks it
     RequestTimeout                          DEADLINE_EXCEEDED
-    anything else                           INTERNAL            details in the server log only
+    anything else                           INTERNAL            details in the server log, not in the reply
 
 A message above the body limit (``--max-body-mb``) is refused by grpc itself, with
-RESOURCE_EXHAUSTED, before it is held in memory. With an API key, ModelInfer and
-ModelStreamInfer need the metadata ``authorization: Bearer KEY``; health and metadata stay open.
+RESOURCE_EXHAUSTED, before it is held in memory. With an API key, ModelInfer,
+ModelStreamInfer and the metadata RPCs need the metadata ``authorization: Bearer KEY`` (as
+the HTTP routes need the header); health (ServerLive, ServerReady, ModelReady) stays open.
 On shutdown the service keeps answering (UNAVAILABLE to new calls) until the requests in
 flight on either port are done, then stops.
 """
@@ -104,7 +105,11 @@ def _failure(exc: Exception, request_id: str) -> tuple[grpc.StatusCode, str, tup
         return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", trailers
     if isinstance(exc, Overloaded):
         trailers += (("retry-after", str(max(1, math.ceil(exc.retry_after)))),)
-    return status_code(exc), str(exc), trailers
+    code = status_code(exc)
+    if code is grpc.StatusCode.INTERNAL:  # a model or node failed: its message may carry library paths
+        log.error("gRPC request %s failed: %s", request_id, exc)
+        return code, f"internal error ({exc.reason}); details in the server log, request id {request_id}", trailers
+    return code, str(exc), trailers
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -112,12 +117,12 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """The RPCs over one :class:`ServeContext`; ``api_key`` (None: open) guards the inference calls."""
+    """The RPCs over one :class:`ServeContext`; ``api_key`` (None: open) guards inference and metadata."""
 
     def __init__(self, ctx: ServeContext, *, api_key: str | None = None) -> None:
         self.ctx = ctx
         self.graph = ctx.graph
-        self._bearer = None if api_key is None else f"Bearer {api_key}".encode()
+        self._key = None if api_key is None else api_key.encode()
         self._model_metadata: pb.ModelMetadataResponse | None = None  # built on first use (reads model files)
         self.calls = Counter(
             "usg_grpc_requests",
@@ -134,6 +139,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.ctx.ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        await self._authorized(context, "ServerMetadata")
         return pb.ServerMetadataResponse(name="usg", version=__version__, extensions=[])
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
@@ -144,6 +150,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=self.ctx.ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        await self._authorized(context, "ModelMetadata")
         try:
             check_model(self.graph, request.name, request.version)
         except ModelNotFound as exc:
@@ -154,19 +161,30 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------------
     def _authorize(self, metadata: dict[str, str]) -> None:
-        if self._bearer is None:
+        if self._key is None:
             return
-        sent = metadata.get("authorization", "").encode()
-        if not hmac.compare_digest(sent, self._bearer):
+        sent = metadata.get("authorization", "")
+        scheme, _, given = sent.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._key):
             what = (
                 "the authorization metadata does not carry the server's API key"
                 if sent
                 else "no authorization metadata"
             )
             raise Unauthenticated(
-                what + "; fix: send the metadata 'authorization: Bearer <key>' "
-                "(tritonclient.grpc: headers={'authorization': 'Bearer <key>'})"
+                what + "; fix: send the metadata 'authorization: Bearer <key>' with the key the server was started "
+                "with (tritonclient.grpc: headers={'authorization': 'Bearer <key>'})"
             )
+
+    async def _authorized(self, context: Any, method: str) -> dict[str, str]:
+        """The call's metadata, or the call ends UNAUTHENTICATED."""
+        metadata = _metadata(context)
+        try:
+            self._authorize(metadata)
+        except Unauthenticated as exc:
+            self._count(method, exc)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        return metadata
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:
@@ -206,10 +224,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.calls.labels(method, code.name).inc()
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        metadata = _metadata(context)
+        metadata = await self._authorized(context, "ModelInfer")
         rid = metadata.get("x-request-id") or uuid.uuid4().hex
         try:
-            self._authorize(metadata)
             response = await self._infer(request, rid, metadata)
         except Exception as exc:
             self._count("ModelInfer", exc)
@@ -223,12 +240,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each message is answered on the stream (an error as ``error_message``, the stream stays
         open); messages run concurrently, at most ``--max-inflight`` of a stream unanswered at once."""
-        metadata = _metadata(context)
-        try:
-            self._authorize(metadata)
-        except Unauthenticated as exc:
-            self._count("ModelStreamInfer", exc)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        metadata = await self._authorized(context, "ModelStreamInfer")
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         window = asyncio.Semaphore(self.ctx.config.max_inflight)  # bounds replies waiting to be sent
         tasks: set[asyncio.Task[None]] = set()

@@ -128,7 +128,7 @@ def graph_value(graph: Graph, t: V2Tensor) -> Any:
                 fix=f"send {t.name} with shape [1]",
             )
         if d.modality is Modality.IMAGE and not t.binary:  # JSON strings cannot hold raw image bytes
-            return b64_image(t.name, t.value[0].decode("utf-8"))
+            return b64_image(t.name, t.value[0].decode("utf-8", errors="replace"))
         return t.value[0]
     if d.modality is Modality.IMAGE and t.datatype == "UINT8" and isinstance(t.value, np.ndarray):
         arr = t.value[0] if t.value.ndim == 4 and t.value.shape[0] == 1 else t.value
