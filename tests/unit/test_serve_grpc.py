@@ -169,8 +169,11 @@ def test_infer_health_metadata_and_errors_with_tritonclient() -> None:
                 await client.is_model_ready("other")
             assert info.value.status() == "StatusCode.NOT_FOUND"
             # a failing node: INTERNAL, its message (which may name library paths) stays in the log
-            with pytest.raises(InferenceServerException, match=r"internal error \(\w+\); details in the server log"):
+            with pytest.raises(
+                InferenceServerException, match=r"internal error \(\w+\); details in the server log"
+            ) as info:
                 await client.infer("g", [text_input("sleep:never")])
+            assert info.value.status() == "StatusCode.INTERNAL" and "float" not in str(info.value.message())
             metrics = ctx.metrics.render().decode()
             assert 'usg_grpc_requests_total{code="INVALID_ARGUMENT",method="ModelInfer"} 2.0' in metrics
             assert 'usg_rejected_requests_total{reason="bad_input"} 2.0' in metrics
