@@ -5,6 +5,7 @@ draining both ports (on the model-free slow graph, whose requests take as long a
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import threading
@@ -191,3 +192,30 @@ def test_sigterm_drains_both_ports(serve: Callable[..., Server], slow_graph: Pat
     client.stop_stream()
     client.close()
     assert server.proc.wait(timeout=30) == 0, server.output()
+
+
+def _serve_has_api_key_option() -> bool:
+    from usg.cli.serve_cmd import serve
+
+    return any(p.name == "api_key_env" for p in serve.params)
+
+
+@pytest.mark.skipif(not _serve_has_api_key_option(), reason="needs usg serve --api-key-env (issue #14 item 8)")
+def test_api_key_guards_grpc_inference_not_health(tmp_path: Path, slow_graph: Path) -> None:
+    grpc_port = free_port()
+    env = {**os.environ, "USG_TEST_KEY": "s3cret-key"}
+    server = start_server(
+        slow_graph, "--api-key-env", "USG_TEST_KEY", "--grpc-port", str(grpc_port), tmp=tmp_path, env=env
+    )
+    client = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("slow")
+        for headers, match in ((None, "no authorization metadata"), ({"authorization": "Bearer nope"}, "API key")):
+            with pytest.raises(InferenceServerException, match=match) as info:
+                client.infer("slow", [bytes_input("text", b"x")], headers=headers, client_timeout=30)
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        ok = client.infer("slow", [bytes_input("text", b"x")], headers={"authorization": "Bearer s3cret-key"})
+        assert ok.as_numpy("echo").tolist() == [b"x"]
+    finally:
+        client.close()
+        assert server.stop() == 0, server.output()
