@@ -51,13 +51,14 @@ def graph() -> Graph:
 
 @contextlib.asynccontextmanager
 async def serving(
-    api_key: str | None = None, **kw: Any
+    api_key: str | None = None, max_calls: int | None = None, **kw: Any
 ) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
     app = create_app(graph(), **kw)
     ctx = app.state.usg
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(app.router.lifespan_context(app))
-        port = await stack.enter_async_context(grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key))
+        grpc_server = grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key, max_calls=max_calls)
+        port = await stack.enter_async_context(grpc_server)
         client = await stack.enter_async_context(tga.InferenceServerClient(f"127.0.0.1:{port}"))
         yield ctx, client
 
@@ -191,6 +192,20 @@ def test_overload_is_resource_exhausted_with_retry_advice() -> None:
                 await client.infer("g", [text_input("b")])
             assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
             assert (await slow).as_numpy("echo").tolist() == [b"sleep:1 a"]
+
+    asyncio.run(scenario())
+
+
+def test_calls_open_at_once_are_bounded_before_their_message_is_read() -> None:
+    async def scenario() -> None:
+        async with serving(max_calls=1) as (ctx, client):
+            slow = asyncio.ensure_future(client.infer("g", [text_input("sleep:0.5 a")]))
+            while ctx.gate.inflight == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(InferenceServerException, match="Concurrent RPC limit exceeded") as info:
+                await client.infer("g", [text_input("b" * 100_000)])
+            assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert (await slow).as_numpy("echo").tolist() == [b"sleep:0.5 a"]
 
     asyncio.run(scenario())
 

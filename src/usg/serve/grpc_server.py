@@ -296,18 +296,24 @@ def check_port_free(host: str, port: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def grpc_serving(ctx: ServeContext, host: str, port: int, *, api_key: str | None = None) -> AsyncIterator[int]:
+async def grpc_serving(
+    ctx: ServeContext, host: str, port: int, *, api_key: str | None = None, max_calls: int | None = None
+) -> AsyncIterator[int]:
     """Run the service on ``host:port`` (on the running event loop) while inside; yields the bound port.
 
-    Messages are limited to the body limit (``ctx.config.max_body_bytes``). On exit the context
-    drains (new calls: UNAVAILABLE) until no request is in flight, then the server stops.
+    Messages are limited to the body limit (``ctx.config.max_body_bytes``), and calls open at
+    once to ``max_calls`` (default twice ``--max-inflight`` plus 16; grpc refuses more with
+    RESOURCE_EXHAUSTED before reading their message), so received messages are bounded by
+    their product. On exit the context drains (new calls: UNAVAILABLE) until no request is in
+    flight, then the server stops.
     """
     server = grpc.aio.server(
+        maximum_concurrent_rpcs=max_calls if max_calls is not None else 2 * ctx.config.max_inflight + 16,
         options=[
             ("grpc.max_receive_message_length", ctx.config.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(ctx, api_key=api_key), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
