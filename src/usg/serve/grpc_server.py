@@ -131,7 +131,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             registry=ctx.metrics.registry,
         )
 
-    # -- health and metadata (open) ------------------------------------------------------------
+    # -- health (open) and metadata (behind the API key, if any) ------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
@@ -216,7 +216,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return build_response(graph, request_id, request.id, result, names)
 
     def _count(self, method: str, exc: Exception | None) -> None:
-        code = grpc.StatusCode.OK if exc is None else (status_code(exc))
+        code = grpc.StatusCode.OK if exc is None else status_code(exc)
         if isinstance(exc, USGError):
             reason = rejection_reason(exc)
             if reason is not None:
