@@ -340,3 +340,15 @@ def test_a_client_deadline_cancels_the_call_and_frees_its_slot() -> None:
             assert ctx.executor.state.value == "running"
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("module", "package"), [("grpc", "grpcio"), ("tritonclient.grpc", "tritonclient")])
+def test_a_missing_grpc_extra_names_the_pip_line(monkeypatch: pytest.MonkeyPatch, module: str, package: str) -> None:
+    import importlib
+
+    from usg.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    monkeypatch.delitem(sys.modules, "usg.serve.grpc_server")
+    with pytest.raises(MissingDependency, match=rf"package '{package}'.*fix: pip install 'usg\[grpc\]'"):
+        importlib.import_module("usg.serve.grpc_server")

@@ -51,7 +51,8 @@ try:
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 except ImportError as _exc:  # pragma: no cover - depends on the environment
-    raise MissingDependency(_exc.name or "grpcio", "grpc", "usg serve --grpc-port") from None
+    _missing = "grpcio" if _exc.name in (None, "grpc") else _exc.name.split(".")[0]
+    raise MissingDependency(_missing, "grpc", "usg serve --grpc-port") from None
 
 from prometheus_client import Counter
 
