@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytest.importorskip("starlette")  # the serve extra (the grpc extra includes it)
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
 
