@@ -27,6 +27,12 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option(
+    "--grpc-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Also serve Triton's gRPC inference protocol (tritonclient.grpc) on this port; embedded engine only.",
+)
+@click.option(
     "--max-inflight",
     default=64,
     show_default=True,
@@ -116,6 +122,7 @@ def serve(
     graph_path: str,
     host: str,
     port: int,
+    grpc_port: int | None,
     max_inflight: int,
     max_body_mb: float | None,
     timeout: float,
@@ -131,6 +138,10 @@ def serve(
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
+    if grpc_port is not None and engine == "ray":
+        raise UsageError("--grpc-port needs the embedded engine (--engine ray serves HTTP only); fix: drop --grpc-port")
+    if grpc_port is not None and grpc_port == port:
+        raise UsageError(f"--grpc-port {grpc_port} is also the HTTP --port; fix: pick another --grpc-port")
     if engine == "ray":
         if no_batching:
             raise UsageError(
@@ -165,6 +176,10 @@ def serve(
     from usg.serve.server import UsgServer, check_port, uvicorn_config
 
     check_port(host, port)  # before loading models: a busy port fails at once
+    if grpc_port is not None:
+        from usg.serve.grpc_server import attach_grpc, check_port_free
+
+        check_port_free(host, grpc_port)
     graph = load_graph_for_cli(graph_path)
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
     config = ServeConfig(
@@ -178,9 +193,13 @@ def serve(
     )
     app = create_app(graph, batching=not no_batching, timeout_s=timeout, tracer_provider=provider, config=config)
     ctx = app.state.usg
+    if grpc_port is not None:
+        attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)
     body_mib = ctx.limits.max_body_bytes / 2**20
     err_console.print(
-        f"[dim]serving graph {graph.name!r} on http://{host}:{port} "
+        f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
+        + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else "")
+        + " "
         f"(max in-flight {max_inflight}, body ≤ {body_mib:g} MiB, API key {'required' if api_key else 'off'})[/]"
     )
     # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the

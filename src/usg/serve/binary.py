@@ -31,6 +31,7 @@ __all__ = [
     "encode_bytes_elements",
     "encode_response",
     "split_body",
+    "tensor_bytes",
 ]
 
 # v2 datatype -> numpy dtype (little-endian); BYTES is handled separately
@@ -62,6 +63,13 @@ def dtype_to_datatype(dtype: str | np.dtype[Any] | None) -> str:
 def encode_bytes_elements(items: Sequence[bytes]) -> bytes:
     """Serialize BYTES elements: 4-byte little-endian length + the bytes, for each element."""
     return b"".join(_LEN.pack(len(b)) + b for b in items)
+
+
+def tensor_bytes(datatype: str, value: Any) -> bytes:
+    """The raw data of an output tensor: BYTES elements serialized, numeric arrays little-endian row-major."""
+    if datatype == "BYTES":
+        return encode_bytes_elements(value)
+    return np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
 
 
 def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
@@ -286,10 +294,7 @@ def encode_response(
     for entry, value, binary in tensors:
         out = dict(entry)
         if binary:
-            if out["datatype"] == "BYTES":
-                raw = encode_bytes_elements(value)
-            else:
-                raw = np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
+            raw = tensor_bytes(out["datatype"], value)
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif out["datatype"] == "BYTES":
