@@ -77,8 +77,8 @@ def test_parse_targets() -> None:
 def test_missing_check_modules_are_skipped_but_broken_ones_raise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert runner_mod.load_check_modules(["usg.doctor.onnx_checks", "usg.doctor.not_written_yet"]) == [
-        "usg.doctor.onnx_checks"
+    assert runner_mod.load_check_modules(["usg.doctor.onnx.checks", "usg.doctor.not_written_yet"]) == [
+        "usg.doctor.onnx.checks"
     ]
     # a check module that exists but imports something missing is a real bug: it must surface
     (tmp_path / "doctor_broken_checks_for_test.py").write_text("import a_dependency_that_is_not_there\n")

@@ -54,7 +54,7 @@ def logs(source: str, fmt: str, output: str | None, no_unclassified: bool) -> No
     Knows Triton, ONNX Runtime, torch.onnx export, TensorRT, vLLM and transformers messages;
     anything else that looks like an error is reported as unclassified (LOG000).
     """
-    from usg.doctor.logs import classify_text
+    from usg.doctor.logs.classify import classify_text
 
     if source == "-":
         text, name = sys.stdin.read(), "<stdin>"

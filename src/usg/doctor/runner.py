@@ -37,24 +37,24 @@ __all__ = [
 
 # Modules that register checks, imported by name; missing ones are skipped.
 CHECK_MODULES: tuple[str, ...] = (
-    "usg.doctor.onnx_checks",
-    "usg.doctor.onnx_semantics",
-    "usg.doctor.onnx_runtime_compat",
-    "usg.doctor.triton_checks",
-    "usg.doctor.triton_crosscheck",
-    "usg.doctor.triton_ensemble",
-    "usg.doctor.graph_checks",
-    "usg.doctor.pad_safety",
-    "usg.doctor.hf_coupling",
+    "usg.doctor.onnx.checks",
+    "usg.doctor.onnx.semantics",
+    "usg.doctor.onnx.runtime_compat",
+    "usg.doctor.triton.checks",
+    "usg.doctor.triton.crosscheck",
+    "usg.doctor.triton.ensemble",
+    "usg.doctor.graph.checks",
+    "usg.doctor.graph.pad_safety",
+    "usg.doctor.hf.coupling",
 )
 
 # Modules that only document codes they emit outside path checks (log rules, parity runs).
-CODE_DOC_MODULES: tuple[str, ...] = ("usg.doctor.logs", "usg.doctor.parity")
+CODE_DOC_MODULES: tuple[str, ...] = ("usg.doctor.logs.classify", "usg.doctor.parity.run")
 
 # target kind -> "module:function" that turns a path into the subject the checks read.
 _LOADERS: dict[str, str] = {
-    "onnx": "usg.doctor.onnx_checks:load_onnx",
-    "triton_model": "usg.doctor.triton_config:load_triton_model",
+    "onnx": "usg.doctor.onnx.checks:load_onnx",
+    "triton_model": "usg.doctor.triton.config:load_triton_model",
 }
 
 _TARGET_ALIASES = {"ort": "ort", "onnxruntime": "ort", "tensorrt": "tensorrt", "trt": "tensorrt"}

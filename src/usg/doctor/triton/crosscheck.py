@@ -15,11 +15,11 @@ from typing import Any
 import onnx
 
 from usg.doctor.findings import Finding, RootCause, Severity
-from usg.doctor.onnx_checks import load_onnx
+from usg.doctor.onnx.checks import load_onnx
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
-from usg.doctor.triton_checks import expected_model_file, tf
-from usg.doctor.triton_config import DTYPE_TO_ONNX, TritonModel, dtype_name
+from usg.doctor.triton.checks import expected_model_file, tf
+from usg.doctor.triton.config import DTYPE_TO_ONNX, TritonModel, dtype_name
 
 __all__ = ["OnnxTensor", "onnx_io"]
 

@@ -13,8 +13,8 @@ from typing import Any
 from usg.doctor.findings import Finding, RootCause, Severity
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
-from usg.doctor.triton_checks import tf
-from usg.doctor.triton_config import TritonModel, dtype_name, load_triton_model
+from usg.doctor.triton.checks import tf
+from usg.doctor.triton.config import TritonModel, dtype_name, load_triton_model
 
 __all__: list[str] = []
 

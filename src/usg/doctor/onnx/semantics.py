@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from usg.doctor.findings import Finding, RootCause, Severity
-from usg.doctor.onnx_checks import OnnxSubject, _f
+from usg.doctor.onnx.checks import OnnxSubject, _f
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
 

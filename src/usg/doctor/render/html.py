@@ -8,7 +8,7 @@ from typing import Any
 
 from usg.doctor.findings import Finding, Severity
 from usg.doctor.matrix import root_cause_matrix
-from usg.doctor.render_text import format_evidence, summary_line
+from usg.doctor.render.text import format_evidence, summary_line
 
 __all__ = ["render_html"]
 

@@ -1,7 +1,7 @@
 """``usg doctor parity``: does the ONNX model compute what the PyTorch model computes, at every shape?
 
 The factory returns ``(model, example_inputs)``. The ONNX file is either given or exported here
-(:mod:`usg.doctor.parity_export`). Both runtimes then run on a *shape plan*, not only on the
+(:mod:`usg.doctor.parity.export`). Both runtimes then run on a *shape plan*, not only on the
 export's dummy inputs (Optimum's validator checks only those, which is how frozen shapes slip
 through):
 
@@ -45,8 +45,8 @@ import numpy as np
 import onnx
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.parity_bisect import first_divergence_fp64, first_divergent_module, frozen_nodes
-from usg.doctor.parity_export import (
+from usg.doctor.parity.bisection import first_divergence_fp64, first_divergent_module, frozen_nodes
+from usg.doctor.parity.export import (
     DynamicAxes,
     export_model,
     import_torch,

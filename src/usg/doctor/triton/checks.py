@@ -3,7 +3,7 @@
 Parse errors (with line/column), name vs directory, dims, reshape, batching,
 instance groups, version policy vs version folders, platform/backend names and
 default model files. The cross-check against the ONNX file is in
-:mod:`usg.doctor.triton_crosscheck`, ensembles in :mod:`usg.doctor.triton_ensemble`.
+:mod:`usg.doctor.triton.crosscheck`, ensembles in :mod:`usg.doctor.triton.ensemble`.
 
 Codes: TRITON001-TRITON015.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity
 from usg.doctor.registry import CodeInfo, check
-from usg.doctor.triton_config import TritonModel, model_config_pb2
+from usg.doctor.triton.config import TritonModel, model_config_pb2
 
 __all__ = ["BACKEND_FILES", "PLATFORMS", "tf"]
 

@@ -2,8 +2,8 @@
 
 The subject is an :class:`OnnxSubject`, loaded once per file (without external
 data, which is only located, never read). Semantic checks (batch dims, Resize,
-fp16, int64...) live in :mod:`usg.doctor.onnx_semantics`; versions and the
-ONNX Runtime session in :mod:`usg.doctor.onnx_runtime_compat`.
+fp16, int64...) live in :mod:`usg.doctor.onnx.semantics`; versions and the
+ONNX Runtime session in :mod:`usg.doctor.onnx.runtime_compat`.
 
 Codes: ONNX001, ONNX002, ONNX005, ONNX014-ONNX018.
 """

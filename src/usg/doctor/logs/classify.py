@@ -5,7 +5,7 @@ How a log is read:
 1. A Python traceback (``Traceback (most recent call last):`` … frames …) is one event: only
    its final exception line (plus the lines that continue that message) is classified, once.
    Frames and source lines inside it are never matched on their own.
-2. Every other line is matched against the rules of :mod:`usg.doctor.log_rules`; a rule may read
+2. Every other line is matched against the rules of :mod:`usg.doctor.logs.rules`; a rule may read
    the next few lines for values (ONNX Runtime writes ``index: 0 Got: 32 Expected: 1`` below).
 3. A line no rule matches but that looks like an error (``ERROR``, ``[E]``, glog ``E0412``,
    ``…Error:``/``Exception:``, ``failed``) becomes ``LOG000`` — unclassified, never forced into
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.log_rules import RULES, LogRule, codes
+from usg.doctor.logs.rules import RULES, LogRule, codes
 from usg.doctor.registry import register_codes
 
 __all__ = ["classify_line", "classify_text"]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from usg.doctor.findings import Finding, RootCause, Severity
-from usg.doctor.onnx_checks import OnnxSubject, _custom_ops, _f, _missing_external, _short
+from usg.doctor.onnx.checks import OnnxSubject, _custom_ops, _f, _missing_external, _short
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
 

@@ -22,19 +22,19 @@ def render(
 ) -> str:
     """Render findings (from any stage) in ``fmt``; every format carries the root-cause matrix."""
     if fmt == "text":
-        from usg.doctor.render_text import render_text
+        from usg.doctor.render.text import render_text
 
         return render_text(findings, color=color, checked=checked, elapsed_s=elapsed_s)
     if fmt == "json":
-        from usg.doctor.render_json import render_json
+        from usg.doctor.render.json import render_json
 
         return render_json(findings, checked=checked, elapsed_s=elapsed_s)
     if fmt == "html":
-        from usg.doctor.render_html import render_html
+        from usg.doctor.render.html import render_html
 
         return render_html(findings, checked=checked, elapsed_s=elapsed_s)
     if fmt == "sarif":
-        from usg.doctor.render_sarif import render_sarif
+        from usg.doctor.render.sarif import render_sarif
 
         return render_sarif(findings)
     raise UsageError(f"unknown format {fmt!r}; fix: use one of {', '.join(FORMATS)}")

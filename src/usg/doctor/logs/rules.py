@@ -1,5 +1,5 @@
 """The rules of ``usg doctor logs`` for serving runtimes (Triton, ONNX Runtime) and CUDA memory,
-and the assembled :data:`RULES` (these first, then :mod:`usg.doctor.log_rules_engines`).
+and the assembled :data:`RULES` (these first, then :mod:`usg.doctor.logs.rules_engines`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from usg.doctor.findings import Severity
-from usg.doctor.log_rule_base import Explained, LogRule, R, _rule, rules
+from usg.doctor.logs.rule_base import Explained, LogRule, R, _rule, rules
 from usg.doctor.registry import CodeInfo
 
 __all__ = ["RULES", "Explained", "LogRule", "codes"]
@@ -342,7 +342,7 @@ def _cuda_oom(m: re.Match[str]) -> Explained:
     )
 
 
-from usg.doctor import log_rules_engines  # noqa: E402,F401  (registers its rules)
+from usg.doctor.logs import rules_engines  # noqa: E402,F401  (registers its rules)
 
 RULES: tuple[LogRule, ...] = rules()
 

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from usg.doctor.parity_export import WRAPPED_SCOPE
+from usg.doctor.parity.export import WRAPPED_SCOPE
 
 __all__ = [
     "DRIFT_PRONE_OPS",

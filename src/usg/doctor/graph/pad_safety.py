@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.graph_checks import _built, line_for, sample_inputs
+from usg.doctor.graph.checks import _built, line_for, sample_inputs
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
 

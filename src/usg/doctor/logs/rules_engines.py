@@ -1,6 +1,6 @@
 """Log rules for exporters and engines: torch.onnx, TensorRT, vLLM, transformers, CUDA set-up.
 
-Registered into :data:`usg.doctor.log_rules.RULES` on import (after the runtime rules).
+Registered into :data:`usg.doctor.logs.rules.RULES` on import (after the runtime rules).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from usg.doctor.findings import Severity
-from usg.doctor.log_rule_base import Explained, R, _rule
+from usg.doctor.logs.rule_base import Explained, R, _rule
 
 __all__: list[str] = []
 
