@@ -14,8 +14,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from usg.cli.doctor_parity_cmd import parity  # noqa: E402
 from usg.doctor.findings import RootCause, Severity  # noqa: E402
-from usg.doctor.parity.run import plan_shapes, run_parity  # noqa: E402
 from usg.doctor.parity.export import parse_dynamic_axes  # noqa: E402
+from usg.doctor.parity.run import plan_shapes, run_parity  # noqa: E402
 from usg.errors import UsageError  # noqa: E402
 
 RES = Path(__file__).parents[1] / "resources"

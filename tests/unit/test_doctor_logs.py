@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from usg.cli.doctor_logs_cmd import logs
 from usg.doctor.findings import RootCause, Severity, Stage
-from usg.doctor.logs.rules import RULES
 from usg.doctor.logs.classify import classify_line, classify_text
+from usg.doctor.logs.rules import RULES
 from usg.doctor.registry import all_codes
 from usg.errors import UsageError
 
