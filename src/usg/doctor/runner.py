@@ -21,7 +21,7 @@ from typing import Any
 
 from usg.doctor.detect import Target, detect_targets
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.registry import CodeInfo, checks_for, register_codes
+from usg.doctor.registry import CodeInfo, checks_for, finding, register_codes
 from usg.errors import UsageError
 
 __all__ = [
@@ -160,12 +160,10 @@ def _call(func: Callable[..., Iterable[Finding]], subject: Any, ctx: CheckContex
 
 
 def _crash_finding(target: Target, check_name: str, exc: BaseException) -> Finding:
-    return Finding(
-        code=INTERNAL.code,
-        severity=INTERNAL.severity,
-        root_cause=INTERNAL.root_cause,
+    return finding(
+        INTERNAL,
         message=f"check {check_name} crashed on this {target.kind}: {type(exc).__name__}: {exc}",
-        location=Location(str(target.path)),
+        where=Location(str(target.path)),
         fix="report this with the file attached; the other checks' findings are still valid",
         evidence={"check": check_name, "exception": f"{type(exc).__name__}: {exc}"},
         stage=Stage.STATIC,

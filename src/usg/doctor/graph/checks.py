@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.registry import CodeInfo, check
+from usg.doctor.registry import CodeInfo, check, finding
 from usg.doctor.runner import CheckContext
 from usg.errors import GraphError, GraphProblem, USGError
 
@@ -200,12 +200,10 @@ def check_graph_builds(path: Path, ctx: CheckContext) -> Iterator[Finding]:
             line, column, element = int(m.group(1)), int(m.group(2)), None
         elif built.text:
             line = line_for(built.text, p.where)
-        yield Finding(
-            code=info.code,
-            severity=info.severity,
-            root_cause=info.root_cause,
+        yield finding(
+            info,
             message=p.message,
-            location=Location(str(path), element, line, column),
+            where=Location(str(path), element, line, column),
             fix=p.fix,
             evidence={"where": p.where},
         )
@@ -237,15 +235,13 @@ def check_graph_deploy(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         need = model.batch.max_size * max(1, int(model.options.get("concurrency", 1)))
         cap = policy.max_ongoing_requests
         if cap is not None and model.batch.enabled and cap < need:
-            yield Finding(
-                code=C_DEPLOY.code,
-                severity=C_DEPLOY.severity,
-                root_cause=C_DEPLOY.root_cause,
+            yield finding(
+                C_DEPLOY,
                 message=(
                     f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {model.batch.max_size} "
                     f"× concurrency {need // model.batch.max_size}; batches of {model.batch.max_size} can never form"
                 ),
-                location=Location(
+                where=Location(
                     str(path),
                     f"deploy.models.{name}.max_ongoing_requests",
                     line_for(built.text, f"deploy.models.{name}.max_ongoing_requests") if built.text else None,
@@ -287,10 +283,8 @@ def check_graph_dry_run(path: Path, ctx: CheckContext) -> Iterator[Finding]:
     built = _built(path, ctx)
     loc = Location(str(path))
     if built.graph is None:
-        yield Finding(
-            C_NOEXEC.code,
-            C_NOEXEC.severity,
-            C_NOEXEC.root_cause,
+        yield finding(
+            C_NOEXEC,
             "dry run skipped: the graph does not build (see the GRAPH00x findings)",
             loc,
             "fix the build problems, then re-run with --dry-run",
@@ -307,10 +301,8 @@ def check_graph_dry_run(path: Path, ctx: CheckContext) -> Iterator[Finding]:
             result = ex.infer_sync(inputs)
     except ContractError as exc:
         field = getattr(exc, "field", None)
-        yield Finding(
-            C_CONTRACT.code,
-            C_CONTRACT.severity,
-            C_CONTRACT.root_cause,
+        yield finding(
+            C_CONTRACT,
             f"dry run: {exc}",
             Location(str(path), field, line_for(built.text, f"nodes.{field}") if field else None),
             getattr(exc, "fix", None) or "make the producing node emit what the model declares",
@@ -319,10 +311,8 @@ def check_graph_dry_run(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         )
         return
     except USGError as exc:
-        yield Finding(
-            C_RUNFAIL.code,
-            C_RUNFAIL.severity,
-            C_RUNFAIL.root_cause,
+        yield finding(
+            C_RUNFAIL,
             f"dry run: {type(exc).__name__}: {exc}",
             loc,
             "run the graph with usg run on a real input and fix the node named in the error",
@@ -331,10 +321,8 @@ def check_graph_dry_run(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         )
         return
     except Exception as exc:  # a node function crashed outside USG's error tree
-        yield Finding(
-            C_RUNFAIL.code,
-            C_RUNFAIL.severity,
-            C_RUNFAIL.root_cause,
+        yield finding(
+            C_RUNFAIL,
             f"dry run: {type(exc).__name__}: {exc}",
             loc,
             "run the graph with usg run on a real input and fix the node named in the error",

@@ -18,7 +18,7 @@ import numpy as np
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
 from usg.doctor.graph.checks import _built, line_for, sample_inputs
-from usg.doctor.registry import CodeInfo, check
+from usg.doctor.registry import CodeInfo, check, finding
 from usg.doctor.runner import CheckContext
 
 __all__ = ["check_pad_safety", "padding_drift"]
@@ -112,10 +112,8 @@ def check_pad_safety(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         if worst is None or worst[1] <= TOLERANCE:
             continue
         where = f"models.{name}.batch.pad"
-        yield Finding(
-            C_PAD.code,
-            C_PAD.severity,
-            C_PAD.root_cause,
+        yield finding(
+            C_PAD,
             f"model {name!r} is declared pad-safe, but padding {dict(pad.axes)} by 16 more elements changes "
             f"output {worst[0]!r} by up to {worst[1]:.3g} (tolerance {TOLERANCE:g})",
             Location(str(path), where, line_for(built.text, where)),

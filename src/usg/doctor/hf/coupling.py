@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.findings import Finding, Location, RootCause, Severity
 from usg.doctor.hf.vision import anyres_tokens, has_cls, qwen2_vl_resize, vit_tokens
-from usg.doctor.registry import CodeInfo, check
+from usg.doctor.registry import CodeInfo, check, finding
 
 __all__ = ["HF_CODES", "check_vlm_coupling"]
 
@@ -56,10 +56,12 @@ HF_CODES = (
     ),
     CodeInfo(
         "HF005",
-        Severity.WARNING,
+        Severity.ERROR,
         RootCause.SHAPE_OR_RANK,
         "image tokens vs max length",
-        "one image's tokens approach or exceed the tokenizer/model maximum length, so truncation cuts them",
+        "one image's tokens reach or exceed the tokenizer/model maximum length: truncation cuts them "
+        "and the model fails ('Image features and image tokens do not match'), or the sequence "
+        "overruns the position embeddings",
     ),
     CodeInfo(
         "HF006",
@@ -97,8 +99,9 @@ class _Ctx:
     tok: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
 
-    def add(self, code: str, sev: Severity, cause: RootCause, msg: str, file: str, fix: str, **ev: Any) -> None:
-        self.findings.append(Finding(code, sev, cause, msg, Location(str(self.root / file)), fix, ev, Stage.STATIC))
+    def add(self, code: str, msg: str, file: str, fix: str, **ev: Any) -> None:
+        """Add a finding of ``code``; its severity and root cause come from the registry."""
+        self.findings.append(finding(code, msg, Location(str(self.root / file)), fix, ev))
 
     def vision(self) -> dict[str, Any]:
         vc = dict(self.config.get("vision_config") or {})
@@ -120,15 +123,11 @@ def _read_json(root: Path, name: str, findings: list[Finding]) -> dict[str, Any]
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         findings.append(
-            Finding(
+            finding(
                 "HF007",
-                Severity.WARNING,
-                RootCause.CONFIG_INVALID,
                 f"{name} is not valid JSON: {exc}",
                 Location(str(path)),
                 f"fix or regenerate {name} (save_pretrained)",
-                {},
-                Stage.STATIC,
             )
         )
         return {}
@@ -172,8 +171,6 @@ def _check_token_id(c: _Ctx) -> None:
     if vocab and int(tid) >= int(vocab):
         c.add(
             "HF004",
-            Severity.ERROR,
-            RootCause.CONFIG_INVALID,
             f"image token id {tid} is outside the language model's vocabulary ({vocab} entries)",
             "config.json",
             "resize the token embeddings after adding the image token, or set image_token_index to its id",
@@ -190,8 +187,6 @@ def _check_token_id(c: _Ctx) -> None:
         where = [k for k, v in added.items() if isinstance(v, dict) and expected and v.get("content") == expected]
         c.add(
             "HF004",
-            Severity.ERROR,
-            RootCause.CONFIG_INVALID,
             f"config.json says the image token id is {tid}, but the tokenizer maps {tid} to {content!r}"
             + (f" and {expected!r} to {where[0]}" if where else ""),
             "tokenizer_config.json",
@@ -211,8 +206,6 @@ def _check_max_length(c: _Ctx, tokens: int, what: str) -> None:
         if isinstance(limit, int | float) and 0 < limit < _HUGE and tokens >= int(limit):
             c.add(
                 "HF005",
-                Severity.ERROR,
-                RootCause.SHAPE_OR_RANK,
                 f"{what} takes {tokens} image tokens, which reaches the {name} of {int(limit)}: "
                 "truncation cuts image tokens and the model then fails with 'Image features and image tokens "
                 "do not match'",
@@ -238,8 +231,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
         if s not in (None, "default", "full"):
             c.add(
                 "HF007",
-                Severity.WARNING,
-                RootCause.CONFIG_INVALID,
                 f"vision_feature_select_strategy {s!r} in {who} is neither 'default' nor 'full'",
                 "config.json",
                 "use 'default' (drop CLS) or 'full' (keep all tokens)",
@@ -248,8 +239,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
     if crop != image:
         c.add(
             "HF006",
-            Severity.ERROR,
-            RootCause.VERSION_COUPLING,
             f"the image processor crops to {crop}px but the vision tower is built for {image}px "
             f"({(crop // patch) ** 2} vs {(image // patch) ** 2} patches)",
             "preprocessor_config.json",
@@ -269,8 +258,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
         if val is not None and int(val) != width:
             c.add(
                 "HF002",
-                Severity.ERROR,
-                RootCause.VERSION_COUPLING,
                 f"{label.strip()} is {val} but the vision tower emits {width} features per token "
                 f"(hidden_size {v['hidden_size']}"
                 + (f" × {len(layers)} feature layers)" if isinstance(layers, list) else ")"),
@@ -286,8 +273,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
     if out_w and text_hidden and out_w[0][0] != int(text_hidden):
         c.add(
             "HF003",
-            Severity.ERROR,
-            RootCause.CONFIG_INVALID,
             f"the projector outputs {out_w[0][0]} ({out_w[1]}) but the language model's hidden_size is {text_hidden}",
             "config.json",
             "pair the projector with the language model it was trained for",
@@ -297,8 +282,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
     if not isinstance(patch_p, int):
         c.add(
             "HF000",
-            Severity.INFO,
-            RootCause.VERSION_COUPLING,
             "processor has no patch_size: it inserts a single <image> token that the model expands itself "
             f"(vision features per image: {vit_tokens(image, patch, cls, strat_m)})",
             "processor_config.json",
@@ -320,8 +303,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
         if pins_m and pins_p and [list(p) for p in pins_m] != [list(p) for p in pins_p]:
             c.add(
                 "HF006",
-                Severity.ERROR,
-                RootCause.VERSION_COUPLING,
                 f"image_grid_pinpoints differ: config.json {pins_m} vs processor {pins_p}",
                 "preprocessor_config.json",
                 "copy image_grid_pinpoints from config.json into preprocessor_config.json",
@@ -339,8 +320,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
             _check_max_length(c, worst, "the largest anyres image")
             c.add(
                 "HF000",
-                Severity.INFO,
-                RootCause.VERSION_COUPLING,
                 f"per tile: {arith}; anyres up to {worst} tokens per image; processor agrees",
                 "config.json",
                 "none needed",
@@ -354,8 +333,6 @@ def _llava(c: _Ctx, next_: bool) -> None:
     _check_max_length(c, feats, "one image")
     c.add(
         "HF000",
-        Severity.INFO,
-        RootCause.VERSION_COUPLING,
         f"vision features per image: {arith}; processor inserts {toks}",
         "config.json",
         "none needed",
@@ -384,8 +361,6 @@ def _mismatch(
         fix = "make the processor's patch_size/crop size match the vision config"
     c.add(
         "HF001",
-        Severity.ERROR,
-        RootCause.VERSION_COUPLING,
         f"for {what} the processor inserts {toks} image tokens but the model produces {feats} image features "
         f"(model side per tile: {arith}); inference fails with 'Image features and image tokens do not "
         "match: "
@@ -407,8 +382,6 @@ def _paligemma(c: _Ctx) -> None:
         if val is not None and int(val) != feats:
             c.add(
                 "HF001",
-                Severity.ERROR,
-                RootCause.VERSION_COUPLING,
                 f"{name} is {val} but the SigLIP tower yields ({image}/{patch})² = {feats} features per image",
                 "preprocessor_config.json" if "processor" in name else "config.json",
                 f"set {name.split()[-1]}={feats} (it must equal (image_size/patch_size)²; SigLIP has no CLS)",
@@ -419,8 +392,6 @@ def _paligemma(c: _Ctx) -> None:
     if proj and text_hidden and int(proj) != int(text_hidden):
         c.add(
             "HF003",
-            Severity.ERROR,
-            RootCause.CONFIG_INVALID,
             f"the projector outputs {proj} (projection_dim) but the language model's hidden_size is {text_hidden}",
             "config.json",
             f"set vision_config.projection_dim={text_hidden}",
@@ -430,8 +401,6 @@ def _paligemma(c: _Ctx) -> None:
     _check_max_length(c, feats, "one image")
     c.add(
         "HF000",
-        Severity.INFO,
-        RootCause.VERSION_COUPLING,
         f"vision features per image: ({image}/{patch})² = {feats} (SigLIP, no CLS); processor inserts {seq}",
         "config.json",
         "none needed",
@@ -463,8 +432,6 @@ def _qwen2_vl(c: _Ctx) -> None:
         if pv != mv:
             c.add(
                 "HF006",
-                Severity.ERROR,
-                RootCause.VERSION_COUPLING,
                 f"processor {name} is {pv} but the vision config has {mv}: a 448x448 image becomes {toks} "
                 f"<|image_pad|> tokens but {feats} merged features",
                 "preprocessor_config.json",
@@ -478,8 +445,6 @@ def _qwen2_vl(c: _Ctx) -> None:
     if hidden and text_hidden and int(hidden) != int(text_hidden):
         c.add(
             "HF003",
-            Severity.ERROR,
-            RootCause.CONFIG_INVALID,
             f"the patch merger outputs vision_config.hidden_size={hidden} but the language model's "
             f"hidden_size is {text_hidden}",
             "config.json",
@@ -491,8 +456,6 @@ def _qwen2_vl(c: _Ctx) -> None:
     _check_max_length(c, max_tokens, f"an image at max_pixels={max_px}")
     c.add(
         "HF000",
-        Severity.INFO,
-        RootCause.VERSION_COUPLING,
         f"a 448x448 image: ({h}/{patch})·({w}/{patch}) patches / merge {merge}² = {feats} tokens; "
         f"up to {max_tokens} at max_pixels",
         "config.json",
@@ -512,8 +475,6 @@ def _idefics(c: _Ctx) -> None:
     if seq is not None and int(seq) != feats:
         c.add(
             "HF001",
-            Severity.ERROR,
-            RootCause.VERSION_COUPLING,
             f"processor image_seq_len is {seq} but ({image}/{patch})² / scale_factor {scale}² = {feats} "
             "features per tile",
             "processor_config.json",
@@ -523,8 +484,6 @@ def _idefics(c: _Ctx) -> None:
         )
     c.add(
         "HF000",
-        Severity.INFO,
-        RootCause.VERSION_COUPLING,
         f"per tile: ({image}/{patch})² / {scale}² = {feats} (pixel shuffle)",
         "config.json",
         "none needed",
@@ -563,8 +522,6 @@ def check_vlm_coupling(path: Path, ctx: object = None) -> Iterable[Finding]:
     if not (c.pre or c.proc):
         c.add(
             "HF007",
-            Severity.WARNING,
-            RootCause.CONFIG_INVALID,
             "no preprocessor_config.json / processor_config.json: the processor side cannot be checked",
             "preprocessor_config.json",
             "save the processor next to the model (processor.save_pretrained(dir))",
@@ -574,8 +531,6 @@ def check_vlm_coupling(path: Path, ctx: object = None) -> Iterable[Finding]:
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         c.add(
             "HF007",
-            Severity.WARNING,
-            RootCause.CONFIG_INVALID,
             f"cannot compute the vision token count: {type(exc).__name__}: {exc}",
             "config.json",
             "check vision_config (image_size, patch_size) and the processor config",

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.findings import Finding, Location, Stage
 from usg.doctor.logs.rules import RULES, LogRule, codes
-from usg.doctor.registry import register_codes
+from usg.doctor.registry import finding, register_codes
 
 __all__ = ["classify_line", "classify_text"]
 
@@ -111,26 +111,24 @@ def _classify(ev: _Event, source: str) -> Finding | None:
         ex = rule.explain(m)
         evidence = {k: v for k, v in ex.evidence.items() if v is not None}
         evidence["line_text"] = head.strip()[:400]
-        return Finding(
+        return finding(
             rule.code,
-            ex.severity or rule.severity,
-            ex.root_cause or rule.root_cause,
             f"[{rule.system}] {ex.message}",
             Location(source, element=rule.system, line=ev.line_no),
             ex.fix,
             evidence,
-            Stage.LOGS,
+            stage=Stage.LOGS,
+            severity=ex.severity or rule.severity,
+            root_cause=ex.root_cause or rule.root_cause,
         )
     if (ev.in_traceback or _ERRORISH.search(head)) and not _NOT_ERROR.search(head) and head.strip():
-        return Finding(
+        return finding(
             "LOG000",
-            Severity.ERROR,
-            RootCause.UNCLASSIFIED,
             f"unclassified error: {head.strip()[:300]}",
             Location(source, line=ev.line_no),
             "no rule knows this message; read the surrounding log lines (and report the message to extend the rules)",
             {"line_text": head.strip()[:400]},
-            Stage.LOGS,
+            stage=Stage.LOGS,
         )
     return None
 
@@ -156,15 +154,10 @@ def classify_text(text: str, source: str = "<log>") -> list[Finding]:
     out: list[Finding] = []
     for key, f in merged.items():
         if len(counts[key]) > 1:
-            f = Finding(
-                f.code,
-                f.severity,
-                f.root_cause,
-                f.message + f" (seen {len(counts[key])} times)",
-                f.location,
-                f.fix,
-                {**f.evidence, "count": len(counts[key]), "lines": counts[key][:20]},
-                f.stage,
+            f = replace(
+                f,
+                message=f.message + f" (seen {len(counts[key])} times)",
+                evidence={**f.evidence, "count": len(counts[key]), "lines": counts[key][:20]},
             )
         out.append(f)
     return out

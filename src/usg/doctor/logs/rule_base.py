@@ -42,14 +42,24 @@ class LogRule:
     severity: Severity
     pattern: re.Pattern[str]
     explain: Callable[[re.Match[str]], Explained]
+    also: tuple[RootCause, ...] = ()  # root causes ``explain`` may refine to, from the numbers it reads
 
 
 _RULES: list[LogRule] = []
 
 
-def _rule(code: str, system: str, title: str, cause: RootCause, pattern: str, sev: Severity = Severity.ERROR) -> Any:
+def _rule(
+    code: str,
+    system: str,
+    title: str,
+    cause: RootCause,
+    pattern: str,
+    sev: Severity = Severity.ERROR,
+    also: tuple[RootCause, ...] = (),
+) -> Any:
     def deco(fn: Callable[[re.Match[str]], Explained]) -> Callable[[re.Match[str]], Explained]:
-        _RULES.append(LogRule(code, system, title, cause, sev, re.compile(pattern, re.IGNORECASE | re.DOTALL), fn))
+        compiled = re.compile(pattern, re.IGNORECASE | re.DOTALL)
+        _RULES.append(LogRule(code, system, title, cause, sev, compiled, fn, also))
         return fn
 
     return deco

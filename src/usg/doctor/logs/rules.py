@@ -5,6 +5,7 @@ and the assembled :data:`RULES` (these first, then :mod:`usg.doctor.logs.rules_e
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from usg.doctor.findings import Severity
@@ -76,6 +77,7 @@ def _bytes_explain(expected: int, got: int, where: str) -> Explained:
     R.DTYPE_OR_RANGE,
     r"(?:not enough space|byte size mismatch for input '(?P<input>[^']+)'[^.]*\.)\s*:?\s*expected "
     r"(?P<exp>\d+),? got (?P<got>\d+)",
+    also=(R.SHAPE_OR_RANK,),
 )
 def _byte_size(m: re.Match[str]) -> Explained:
     return _bytes_explain(int(m["exp"]), int(m["got"]), f"input {m['input']!r}" if m["input"] else "buffer")
@@ -88,6 +90,7 @@ def _byte_size(m: re.Match[str]) -> Explained:
     R.DTYPE_OR_RANGE,
     r"(?:unexpected total byte size|invalid size) (?P<got>\d+)(?: bytes)? for input '(?P<input>[^']+)', "
     r"expect(?:ing|s) (?P<exp>\d+)",
+    also=(R.SHAPE_OR_RANK,),
 )
 def _byte_size2(m: re.Match[str]) -> Explained:
     return _bytes_explain(int(m["exp"]), int(m["got"]), f"input {m['input']!r}")
@@ -121,6 +124,7 @@ def _triton_dtype(m: re.Match[str]) -> Explained:
     R.BATCH_DIM_CONFIG,
     r"(?:input '(?P<input>[^']+)'.*?)?expected the shape of dimension (?P<dim>\d+) to be between "
     r"(?P<lo>-?\d+) and (?P<hi>-?\d+) but received (?P<got>-?\d+)",
+    also=(R.DYNAMIC_SHAPE_FIXED,),
 )
 def _profile(m: re.Match[str]) -> Explained:
     dim, lo, hi, got = int(m["dim"]), int(m["lo"]), int(m["hi"]), int(m["got"])
@@ -167,6 +171,7 @@ def _max_batch(m: re.Match[str]) -> Explained:
     r"tensor '(?P<tensor>[^']+)': the model expects (?P<n>\d+) dimensions \(shape (?P<model>\[[^\]]*\])\) "
     r"but the model "
     r"configuration specifies (?P<m>\d+) dimensions(?P<rest>[^\n]*)",
+    also=(R.CONFIG_INVALID,),
 )
 def _config_dims(m: re.Match[str]) -> Explained:
     rest = m["rest"]
@@ -203,6 +208,7 @@ def _config_dims(m: re.Match[str]) -> Explained:
     R.SHAPE_OR_RANK,
     r"Got invalid dimensions for input: (?P<input>\S+) for the following indices\s*index: (?P<idx>\d+) Got: "
     r"(?P<got>\d+) Expected: (?P<exp>\d+)",
+    also=(R.DYNAMIC_SHAPE_FIXED,),
 )
 def _ort_dims(m: re.Match[str]) -> Explained:
     idx, got, exp = int(m["idx"]), int(m["got"]), int(m["exp"])
@@ -359,5 +365,10 @@ def codes() -> list[CodeInfo]:
         )
     }
     for r in RULES:
-        seen.setdefault(r.code, CodeInfo(r.code, r.severity, r.root_cause, r.title, f"{r.system}: {r.title}"))
+        info = seen.setdefault(r.code, CodeInfo(r.code, r.severity, r.root_cause, r.title, f"{r.system}: {r.title}"))
+        extra = tuple(c for c in (r.root_cause, *r.also) if c not in info.root_causes())
+        if extra:  # rules sharing a code, or refining its cause from the numbers in the message
+            seen[r.code] = replace(info, also_root_causes=(*info.also_root_causes, *extra))
+        if r.severity not in info.severities():
+            raise RuntimeError(f"log rules for {r.code} disagree on the severity")
     return list(seen.values())

@@ -78,6 +78,7 @@ def _dynamo_op(m: re.Match[str]) -> Explained:
     "no implementation for node",
     R.UNSUPPORTED_OP,
     r"Could not find any implementation for node (?P<node>.+?)(?:\.\)|\)|, try|$)",
+    also=(R.MEMORY,),
 )
 def _trt_impl(m: re.Match[str]) -> Explained:
     node = m["node"].strip()
@@ -151,6 +152,7 @@ def _trt_op(m: re.Match[str]) -> Explained:
     r"Dynamic dimensions required for input: (?P<input>\S+?),? but no shapes were provided\. Automatically "
     r"overriding shape to: (?P<shape>[\dx]+)",
     Severity.WARNING,
+    also=(R.BATCH_DIM_CONFIG,),
 )
 def _trt_override(m: re.Match[str]) -> Explained:
     shape = m["shape"]

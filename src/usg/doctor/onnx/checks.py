@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity
-from usg.doctor.registry import CodeInfo, check
+from usg.doctor.registry import CodeInfo, check, finding
 from usg.doctor.runner import CheckContext
 
 __all__ = ["OnnxSubject", "load_onnx"]
@@ -168,15 +168,7 @@ def _f(
     severity: Severity | None = None,
     **evidence: Any,
 ) -> Finding:
-    return Finding(
-        code=info.code,
-        severity=severity or info.severity,
-        root_cause=info.root_cause,
-        message=message,
-        location=Location(subject.loc, element),
-        fix=fix,
-        evidence=evidence,
-    )
+    return finding(info, message, Location(subject.loc, element), fix, evidence, severity=severity)
 
 
 def _short(text: str, limit: int = 400) -> str:

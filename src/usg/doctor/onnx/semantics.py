@@ -52,7 +52,9 @@ C_RESIZE = CodeInfo(
     RootCause.OP_SEMANTIC_DRIFT,
     "Resize mode that differs across runtimes",
     "A Resize/Upsample coordinate_transformation_mode / mode / nearest_mode combination "
-    "that PyTorch eager, ONNX Runtime and TensorRT compute differently.",
+    "that PyTorch eager, ONNX Runtime and TensorRT compute differently (an error when "
+    "deploying to TensorRT and its parser refuses the combination).",
+    also_severities=(E,),
 )
 C_FP16 = CodeInfo(
     "ONNX012",
@@ -67,7 +69,8 @@ C_INT64 = CodeInfo(
     N,
     RootCause.DTYPE_OR_RANGE,
     "int64 input (TensorRT narrows to int32)",
-    "TensorRT casts int64 inputs to int32; ids or offsets >= 2**31 wrap around.",
+    "TensorRT casts int64 inputs to int32; ids or offsets >= 2**31 wrap around (a warning when deploying to TensorRT).",
+    also_severities=(W,),
 )
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.parity.codes import PARITY_CODES  # noqa: F401  (registers PAR003)
+from usg.doctor.registry import finding
 from usg.errors import MissingDependency, UsageError
 
 __all__ = [
@@ -334,17 +336,16 @@ def export_model(
                 cause, fix, ev = classify_export_error(exc, name)
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 failures.append(
-                    Finding(
-                        code="PAR003",
-                        severity=Severity.ERROR,
-                        root_cause=cause,
-                        message=f"{name} exporter failed"
+                    finding(
+                        "PAR003",
+                        f"{name} exporter failed"
                         + (f" at opset {attempt_opset}" if attempt_opset else "")
                         + f": {type(exc).__name__}: {first_line[:300]}",
-                        location=Location(source, element=f"exporter={name}"),
-                        fix=fix,
-                        evidence={"exporter": name, "opset": attempt_opset, **ev},
+                        Location(source, element=f"exporter={name}"),
+                        fix,
+                        {"exporter": name, "opset": attempt_opset, **ev},
                         stage=Stage.PARITY,
+                        root_cause=cause,
                     )
                 )
                 retry = ev.get("opset_with_support")
@@ -354,19 +355,17 @@ def export_model(
                 break
             else:
                 # an export that eventually succeeded turns earlier failures into warnings
+                used = f" (the {name} exporter succeeded" + (f" at opset {attempt_opset}" if attempt_opset else "")
                 downgraded = [
-                    Finding(
+                    finding(
                         f.code,
-                        Severity.WARNING,
-                        f.root_cause,
-                        f.message
-                        + f" (the {name} exporter succeeded"
-                        + (f" at opset {attempt_opset}" if attempt_opset else "")
-                        + " and was used)",
+                        f.message + used + " and was used)",
                         f.location,
                         f.fix,
                         f.evidence,
-                        f.stage,
+                        stage=f.stage,
+                        severity=Severity.WARNING,
+                        root_cause=f.root_cause,
                     )
                     for f in failures
                 ]

@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.findings import Finding, Location, Stage
 from usg.doctor.parity.bisection import first_divergence_fp64, first_divergent_module, frozen_nodes
+from usg.doctor.parity.codes import PARITY_CODES
 from usg.doctor.parity.export import (
     DynamicAxes,
     export_model,
@@ -53,51 +54,11 @@ from usg.doctor.parity.export import (
     input_names_for,
     load_factory,
 )
-from usg.doctor.registry import CodeInfo, register_codes
+from usg.doctor.registry import finding
 from usg.errors import UsageError
 
 __all__ = ["PARITY_CODES", "CaseResult", "ParityReport", "plan_shapes", "run_parity"]
 
-PARITY_CODES = (
-    CodeInfo("PAR000", Severity.INFO, RootCause.UNCLASSIFIED, "parity summary", "exporter and max errors"),
-    CodeInfo(
-        "PAR001",
-        Severity.ERROR,
-        RootCause.DYNAMIC_SHAPE_FIXED,
-        "shape frozen by export",
-        "the ONNX model matches at the export shape but fails or differs at another size",
-    ),
-    CodeInfo(
-        "PAR002",
-        Severity.ERROR,
-        RootCause.OP_SEMANTIC_DRIFT,
-        "numeric drift",
-        "ONNX Runtime and PyTorch differ beyond tolerance at the export shape",
-    ),
-    CodeInfo("PAR003", Severity.ERROR, RootCause.UNSUPPORTED_OP, "export failed", "an ONNX exporter raised"),
-    CodeInfo(
-        "PAR004",
-        Severity.WARNING,
-        RootCause.SHAPE_OR_RANK,
-        "torch fails at shape",
-        "the eager model rejects a size",
-    ),
-    CodeInfo(
-        "PAR005",
-        Severity.ERROR,
-        RootCause.DYNAMIC_SHAPE_FIXED,
-        "dynamic axis exported fixed",
-        "an axis meant to be dynamic has a fixed size in the ONNX graph inputs",
-    ),
-    CodeInfo(
-        "PAR006",
-        Severity.ERROR,
-        RootCause.SHAPE_OR_RANK,
-        "ONNX fails at export shape",
-        "ONNX Runtime fails on the export inputs themselves, or returns a different number of outputs",
-    ),
-)
-register_codes(PARITY_CODES)
 
 BATCH_SIZES = (1, 2, 7)
 
@@ -305,17 +266,15 @@ def _run(
         for a, sym in ax.items():
             if a < len(dims) and isinstance(dims[a], int) and dims[a]:
                 findings.append(
-                    Finding(
+                    finding(
                         "PAR005",
-                        Severity.ERROR,
-                        RootCause.DYNAMIC_SHAPE_FIXED,
                         f"input {n!r} axis {a} ({sym}) should be dynamic but the ONNX graph fixes it to {dims[a]}",
                         Location(loc_file, element=f"input {rename.get(n, n)}"),
                         "the exporter specialised this axis (a Python int() or a branch on the size in "
                         "forward); "
                         "keep sizes symbolic, or with the dynamo exporter check the export log for the guard",
                         {"input": n, "axis": a, "symbol": sym, "onnx_dim": dims[a]},
-                        Stage.PARITY,
+                        stage=Stage.PARITY,
                     )
                 )
 
@@ -406,29 +365,25 @@ def _case_findings(
     for c in cases:
         if c.torch_error:
             out.append(
-                Finding(
+                finding(
                     "PAR004",
-                    Severity.WARNING,
-                    RootCause.SHAPE_OR_RANK,
                     f"PyTorch itself fails at {c.label} ({c.shapes}): {c.torch_error}; shape skipped",
                     Location(loc_file),
                     "the eager model does not accept this size; if it should, fix forward, "
                     "otherwise drop the axis from --dynamic-axes or pass --sizes",
                     {"case": c.label, "shapes": c.shapes},
-                    Stage.PARITY,
+                    stage=Stage.PARITY,
                 )
             )
     if base.onnx_error or (base.mismatch and base.torch_error is None):
         out.append(
-            Finding(
+            finding(
                 "PAR006",
-                Severity.ERROR,
-                RootCause.SHAPE_OR_RANK,
                 f"ONNX Runtime fails on the export inputs themselves: {base.onnx_error or base.mismatch}",
                 Location(loc_file),
                 "the ONNX file does not match this factory's inputs; re-export, or give matching example inputs",
                 {"shapes": base.shapes},
-                Stage.PARITY,
+                stage=Stage.PARITY,
             )
         )
         return out
@@ -457,10 +412,8 @@ def _case_findings(
         or (f"max abs err {max(first.max_abs_err):.3g} > atol {atol} + rtol {rtol}·|ref|")
     )
     out.append(
-        Finding(
+        finding(
             "PAR001",
-            Severity.ERROR,
-            RootCause.DYNAMIC_SHAPE_FIXED,
             f"ONNX matches PyTorch at the export shape but not at {', '.join(c.label for c in bad)}: {what}"
             + (f"; frozen value held by {where}" if where else "")
             + (f"; ONNX Runtime failed at {failed_at[0]}" if failed_at else ""),
@@ -473,7 +426,7 @@ def _case_findings(
                 "symbols": {s: sym_axis.get(s) for s in syms},
                 "frozen_nodes": [f.__dict__ for f in nodes],
             },
-            Stage.PARITY,
+            stage=Stage.PARITY,
         )
     )
     return out
@@ -516,31 +469,27 @@ def _drift_finding(
         }
         kind = "module" if div.method == "torch_modules" else "ONNX node (vs float64 run of the graph)"
         where = f"; first diverging {kind}: {div.where!r} ({', '.join(div.onnx_nodes[:4])})"
-    return Finding(
+    return finding(
         "PAR002",
-        Severity.ERROR,
-        RootCause.OP_SEMANTIC_DRIFT,
         f"ONNX Runtime differs from PyTorch at the export shape: max abs err {max(base.max_abs_err):.3g} "
         f"(atol {atol}, rtol {rtol}){where}",
         Location(loc_file, element=div.where if div else None),
         "compare the op's attributes with the torch call (e.g. Resize coordinate_transformation_mode vs "
         "align_corners, nearest_mode, cubic_coeff_a); re-export with the matching setting or a newer opset",
         evidence,
-        Stage.PARITY,
+        stage=Stage.PARITY,
     )
 
 
 def _summary(cases: list[CaseResult], exporter: str | None, loc_file: str) -> Finding:
     rows = {c.label: [round(e, 9) for e in c.max_abs_err] for c in cases if c.max_abs_err}
     worst = max((e for c in cases for e in c.max_abs_err if e != float("inf")), default=0.0)
-    return Finding(
+    return finding(
         "PAR000",
-        Severity.INFO,
-        RootCause.UNCLASSIFIED,
         f"parity: exporter {exporter}; {sum(c.passed for c in cases)}/{len(cases)} shapes pass; "
         f"worst max abs err {worst:.3g}",
         Location(loc_file),
         "none needed" if all(c.passed for c in cases) else "see the other findings",
         {"exporter": exporter, "cases": [c.to_dict() for c in cases], "max_abs_err_per_case": rows},
-        Stage.PARITY,
+        stage=Stage.PARITY,
     )

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity
-from usg.doctor.registry import CodeInfo, check
+from usg.doctor.registry import CodeInfo, check, finding
 from usg.doctor.triton.config import TritonModel, model_config_pb2
 
 __all__ = ["BACKEND_FILES", "PLATFORMS", "tf"]
@@ -111,7 +111,9 @@ C_VERSION = CodeInfo(
     RootCause.CONFIG_INVALID,
     "version policy vs version folders",
     "The version_policy names versions with no folder, or there is no numeric version "
-    "folder at all; Triton loads nothing.",
+    "folder at all; Triton loads nothing (a warning when version_policy.latest asks for "
+    "more versions than exist: Triton loads those there are).",
+    also_severities=(W,),
 )
 C_PLATFORM = CodeInfo(
     "TRITON010",
@@ -172,14 +174,13 @@ def tf(
     **evidence: Any,
 ) -> Finding:
     """Build a Triton finding located in ``m``'s config.pbtxt."""
-    return Finding(
-        code=info.code,
-        severity=severity or info.severity,
-        root_cause=info.root_cause,
-        message=message,
-        location=Location(m.loc, element, line, column if line is not None else None),
-        fix=fix,
-        evidence=evidence,
+    return finding(
+        info,
+        message,
+        Location(m.loc, element, line, column if line is not None else None),
+        fix,
+        evidence,
+        severity=severity,
     )
 
 
