@@ -77,6 +77,7 @@ class CheckContext:
     targets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     dry_run: bool = False
     cache: dict[Any, Any] = field(default_factory=dict)
+    model_repositories: tuple[Path, ...] = ()  # every Triton repository of the run (ensemble steps resolve across them)
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         if key not in self.cache:
@@ -201,7 +202,8 @@ def run_doctor(
             if key not in seen:
                 seen.add(key)
                 found.append(t)
-    ctx = CheckContext(targets=parsed, dry_run=dry_run)
+    repos = dict.fromkeys(t.path.resolve().parent for t in found if t.kind == "triton_model")
+    ctx = CheckContext(targets=parsed, dry_run=dry_run, model_repositories=tuple(repos))
     findings: list[Finding] = []
     for i, target in enumerate(found):
         if progress is not None:

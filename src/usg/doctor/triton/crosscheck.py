@@ -92,6 +92,24 @@ def onnx_io(model: onnx.ModelProto) -> tuple[dict[str, OnnxTensor], dict[str, On
     return ins, outs
 
 
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    bare = onnx.ModelProto()
+    bare.graph.input.extend(model.graph.input)
+    return bare
+
+
+def implicit_inputs(config: Any) -> set[str]:
+    """Model inputs Triton feeds without an ``input [...]`` entry.
+
+    Sequence-batching control inputs (START, END, READY, CORRID) and implicit state, and the
+    ragged ``batch_input`` targets: the ONNX Runtime backend binds them to model inputs by name.
+    """
+    seq = config.sequence_batching
+    names = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
+    names |= {b.target_name for b in config.batch_input}
+    return {n for n in names if n}
+
+
 def _dims_match(config: list[int], model: list[int]) -> bool:
     return len(config) == len(model) and all(m == -1 or c == m for c, m in zip(config, model, strict=True))
 
@@ -123,10 +141,14 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
         )
         return
     ins, outs = onnx_io(subject.model)
+    # an initializer also listed as a graph input can be fed (overridden): Triton's ONNX Runtime
+    # backend accepts it as an (optional) config input (qa/L0_initializer_as_input)
+    inits = {t.name for t in subject.model.graph.initializer}
+    overridable = {n: t for n, t in onnx_io(_without_initializers(subject.model))[0].items() if n in inits}
     mbs = int(m.config.max_batch_size)
     model_file = f"{version}/{path.name}"
-    declared_inputs = {t.name for t in m.config.input}
-    for kind, tensors, table in (("input", m.config.input, ins), ("output", m.config.output, outs)):
+    declared_inputs = {t.name for t in m.config.input} | implicit_inputs(m.config)
+    for kind, tensors, table in (("input", m.config.input, {**ins, **overridable}), ("output", m.config.output, outs)):
         for t in tensors:
             line = m.line_of_tensor(t.name)
             el = f"{kind} {t.name}"

@@ -1,13 +1,17 @@
 """Triton ensemble checks: the steps, their tensor wiring, and batching across steps.
 
-Step models are read from the ensemble's repository (its parent directory).
+Step models are read from the ensemble's repository (its parent directory), then from every
+other repository given on the same command line, as Triton does with several
+``--model-repository`` flags. A step model absent from all of them is one TRITON031; the
+tensors it would produce count as produced, so no TRITON032 cascade follows.
 Codes: TRITON030-TRITON037.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from usg.doctor.findings import Finding, RootCause, Severity
@@ -93,13 +97,15 @@ class _Tensor:
     """A tensor end as declared by a model: dtype name, dims, and the model's batching."""
 
     owner: str  # "ensemble input", "step 0 (det) output 'y'"...
-    dtype: str
-    dims: list[int]
+    dtype: str | None  # None: the declaring model is missing (reported once as TRITON031)
+    dims: list[int] | None
     batching: bool = False  # the declaring model has max_batch_size > 0
 
     @property
-    def full(self) -> list[int]:
+    def full(self) -> list[int] | None:
         """The shape with the batch dim, as Triton's ensemble scheduler passes the tensor on."""
+        if self.dims is None:
+            return None
         return [-1, *self.dims] if self.batching else self.dims
 
 
@@ -120,8 +126,26 @@ def _compatible(a: list[int], b: list[int]) -> bool:
     return len(a) == len(b) and all(x == -1 or y == -1 or x == y for x, y in zip(a, b, strict=True))
 
 
+@dataclass
+class _Wiring:
+    """What the walk over an ensemble's steps has learned so far."""
+
+    m: TritonModel
+    steps: list[Any]
+    mbs: int
+    producers: dict[str, _Tensor] = field(default_factory=dict)
+    subs: list[TritonModel | None] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def where(self, i: int) -> tuple[str, int | None]:
+        """The element name and config line of step ``i``."""
+        name = self.steps[i].model_name
+        return f"step[{i}] {name}", self.m.line_of(rf'model_name\s*:\s*"{name}"')
+
+
 @check("triton_model", codes=[C_NO_SCHED, C_UNKNOWN, C_MAP, C_TWICE, C_CYCLE, C_DTYPE, C_SHAPE, C_MBS, C_UNUSED])
 def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
+    """Resolve the steps, wire their outputs and inputs, then the ensemble's own outputs, inputs and cycles."""
     if m.config is None or m.config.platform != "ensemble":
         return
     c = m.config
@@ -136,49 +160,81 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
             line=m.line_of("platform"),
         )
         return
-    mbs = int(c.max_batch_size)
-    producers: dict[str, _Tensor] = {}
+    w = _Wiring(m, steps, int(c.max_batch_size))
     for t in c.input:
-        producers[t.name] = _Tensor("ensemble input", dtype_name(t.data_type), _own_dims(t), mbs > 0)
-    step_models: list[TritonModel | None] = []
-    for i, step in enumerate(steps):
-        line = m.line_of(rf'model_name\s*:\s*"{step.model_name}"')
-        el = f"step[{i}] {step.model_name}"
-        sub_dir = m.repo / step.model_name
-        sub = load_triton_model(sub_dir, ctx) if (sub_dir / "config.pbtxt").is_file() else None
-        if sub is None or sub.config is None:
-            why = "no such model directory" if sub is None else "its config.pbtxt does not parse"
-            yield tf(
+        w.producers[t.name] = _Tensor("ensemble input", dtype_name(t.data_type), _own_dims(t), w.mbs > 0)
+    for i in range(len(steps)):
+        w.subs.append(_resolve_step(w, i, ctx))
+        _wire_outputs(w, i)
+    for i in range(len(steps)):
+        _wire_inputs(w, i)
+    _check_own_outputs(w)
+    _check_unused_inputs(w)
+    _check_cycle(w)
+    yield from w.findings
+
+
+def model_repositories(m: TritonModel, ctx: CheckContext) -> list[Path]:
+    """Where Triton looks for a step model: the ensemble's repository, then every other one given."""
+    return [m.repo, *(r for r in ctx.model_repositories if r.resolve() != m.repo.resolve())]
+
+
+def _resolve_step(w: _Wiring, i: int, ctx: CheckContext) -> TritonModel | None:
+    """Find step ``i``'s model in the repositories (TRITON031 if absent) and compare batch sizes (TRITON037)."""
+    m, step = w.m, w.steps[i]
+    el, line = w.where(i)
+    repos = model_repositories(m, ctx)
+    sub_dir = next((r / step.model_name for r in repos if (r / step.model_name / "config.pbtxt").is_file()), None)
+    sub = load_triton_model(sub_dir, ctx) if sub_dir is not None else None
+    if sub is None or sub.config is None:
+        why = "no such model directory" if sub is None else "its config.pbtxt does not parse"
+        known = sorted({p.name for r in repos if r.is_dir() for p in r.iterdir() if (p / "config.pbtxt").is_file()})
+        w.findings.append(
+            tf(
                 C_UNKNOWN,
                 m,
-                f"step {i} uses model {step.model_name!r}: {why} in {m.repo}",
-                f"add {sub_dir}/config.pbtxt or fix model_name (models here: "
-                f"{sorted(p.name for p in m.repo.iterdir() if (p / 'config.pbtxt').is_file())})",
+                f"step {i} uses model {step.model_name!r}: {why} in {', '.join(str(r) for r in repos)}",
+                f"add {m.repo / step.model_name}/config.pbtxt, give the repository that holds it as another "
+                f"path, or fix model_name (models here: {known})",
                 element=el,
                 line=line,
                 step=i,
                 model_name=step.model_name,
+                repositories=[str(r) for r in repos],
             )
-            step_models.append(None)
-            continue
-        step_models.append(sub)
-        sub_mbs = int(sub.config.max_batch_size)
-        if mbs > 0 and 0 < sub_mbs < mbs:
-            yield tf(
+        )
+        return None
+    sub_mbs = int(sub.config.max_batch_size)
+    if w.mbs > 0 and 0 < sub_mbs < w.mbs:
+        w.findings.append(
+            tf(
                 C_MBS,
                 m,
-                f"ensemble max_batch_size {mbs} > step model {step.model_name!r} max_batch_size {sub_mbs}",
-                f"set the ensemble's max_batch_size to {sub_mbs}, or raise {step.model_name!r}'s to {mbs}",
+                f"ensemble max_batch_size {w.mbs} > step model {step.model_name!r} max_batch_size {sub_mbs}",
+                f"set the ensemble's max_batch_size to {sub_mbs}, or raise {step.model_name!r}'s to {w.mbs}",
                 element=el,
                 line=m.line_of("max_batch_size"),
-                ensemble_max_batch_size=mbs,
+                ensemble_max_batch_size=w.mbs,
                 step_model=step.model_name,
                 step_max_batch_size=sub_mbs,
             )
-        outs = _decl(sub.config.output)
-        for key, tensor in step.output_map.items():
-            if key not in outs:
-                yield tf(
+        )
+    return sub
+
+
+def _wire_outputs(w: _Wiring, i: int) -> None:
+    """Record what step ``i`` produces; its output_map keys must be outputs of its model (TRITON032/033).
+
+    A step whose model is missing (already TRITON031) still produces its mapped tensors, with
+    unknown dtype and dims, so its absence is reported once and not again for every consumer.
+    """
+    m, step, sub = w.m, w.steps[i], w.subs[i]
+    el, line = w.where(i)
+    outs = _decl(sub.config.output) if sub is not None and sub.config is not None else None
+    for key, tensor in step.output_map.items():
+        if outs is not None and key not in outs:
+            w.findings.append(
+                tf(
                     C_MAP,
                     m,
                     f"step {i} ({step.model_name}) output_map key {key!r} is not an output of "
@@ -190,37 +246,41 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                     key=key,
                     model_outputs=sorted(outs),
                 )
-                continue
-            owner = f"step {i} ({step.model_name}) output {key!r}"
-            if tensor in producers:
-                yield tf(
+            )
+            continue
+        owner = f"step {i} ({step.model_name}) output {key!r}"
+        if tensor in w.producers:
+            w.findings.append(
+                tf(
                     C_TWICE,
                     m,
-                    f"tensor {tensor!r} is produced by {producers[tensor].owner} and by {owner}",
+                    f"tensor {tensor!r} is produced by {w.producers[tensor].owner} and by {owner}",
                     "give each produced tensor a unique name in output_map",
                     element=el,
                     line=line,
                     tensor=tensor,
-                    producers=[producers[tensor].owner, owner],
+                    producers=[w.producers[tensor].owner, owner],
                 )
-                continue
-            producers[tensor] = _Tensor(owner, dtype_name(outs[key].data_type), _dims(outs[key]), sub_mbs > 0)
-    consumed: set[str] = set()
-    edges: dict[int, set[int]] = {i: set() for i in range(len(steps))}
-    produced_by_step = {t: i for i, s in enumerate(steps) for t in s.output_map.values()}
-    for i, (step, sub) in enumerate(zip(steps, step_models, strict=True)):
-        line = m.line_of(rf'model_name\s*:\s*"{step.model_name}"')
-        el = f"step[{i}] {step.model_name}"
-        for tensor in step.input_map.values():
-            consumed.add(tensor)
-            if tensor in produced_by_step:
-                edges[produced_by_step[tensor]].add(i)
-        if sub is None:
+            )
             continue
-        ins = _decl(sub.config.input)
-        for key, tensor in step.input_map.items():
-            if key not in ins:
-                yield tf(
+        if outs is None or sub is None or sub.config is None:
+            w.producers[tensor] = _Tensor(owner, None, None)
+        else:
+            batching = int(sub.config.max_batch_size) > 0
+            w.producers[tensor] = _Tensor(owner, dtype_name(outs[key].data_type), _dims(outs[key]), batching)
+
+
+def _wire_inputs(w: _Wiring, i: int) -> None:
+    """Step ``i``'s input_map: keys are inputs of its model, tensors are produced, types agree."""
+    m, step, sub = w.m, w.steps[i], w.subs[i]
+    if sub is None or sub.config is None:
+        return
+    el, line = w.where(i)
+    ins = _decl(sub.config.input)
+    for key, tensor in step.input_map.items():
+        if key not in ins:
+            w.findings.append(
+                tf(
                     C_MAP,
                     m,
                     f"step {i} ({step.model_name}) input_map key {key!r} is not an input of "
@@ -232,10 +292,12 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                     key=key,
                     model_inputs=sorted(ins),
                 )
-                continue
-            prod = producers.get(tensor)
-            if prod is None:
-                yield tf(
+            )
+            continue
+        prod = w.producers.get(tensor)
+        if prod is None:
+            w.findings.append(
+                tf(
                     C_MAP,
                     m,
                     f"step {i} ({step.model_name}) reads tensor {tensor!r}, which no step "
@@ -246,23 +308,17 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                     step=i,
                     tensor=tensor,
                 )
-                continue
-            yield from _agree(
-                m,
-                el,
-                line,
-                tensor,
-                prod,
-                _Tensor(
-                    f"step {i} ({step.model_name}) input {key!r}",
-                    dtype_name(ins[key].data_type),
-                    _dims(ins[key]),
-                    int(sub.config.max_batch_size) > 0,
-                ),
             )
-        unmapped = sorted(k for k, t in ins.items() if k not in step.input_map and not t.optional)
-        if unmapped:
-            yield tf(
+            continue
+        batching = int(sub.config.max_batch_size) > 0
+        cons = _Tensor(
+            f"step {i} ({step.model_name}) input {key!r}", dtype_name(ins[key].data_type), _dims(ins[key]), batching
+        )
+        w.findings.extend(_agree(m, el, line, tensor, prod, cons))
+    unmapped = sorted(k for k, t in ins.items() if k not in step.input_map and not t.optional)
+    if unmapped:
+        w.findings.append(
+            tf(
                 C_MAP,
                 m,
                 f"step {i} ({step.model_name}) leaves input(s) {unmapped} unmapped",
@@ -272,53 +328,77 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
                 step=i,
                 unmapped=unmapped,
             )
-    for t in c.output:
-        prod = producers.get(t.name)
+        )
+
+
+def _check_own_outputs(w: _Wiring) -> None:
+    """Every ensemble output is produced by a step, with an agreeing dtype and shape."""
+    m = w.m
+    assert m.config is not None
+    for t in m.config.output:
+        prod = w.producers.get(t.name)
+        line = m.line_of_tensor(t.name)
         if prod is None:
-            yield tf(
-                C_MAP,
-                m,
-                f"ensemble output {t.name!r} is produced by no step",
-                f"map a step output to {t.name!r} in its output_map",
-                element=f"output {t.name}",
-                line=m.line_of_tensor(t.name),
-                tensor=t.name,
+            w.findings.append(
+                tf(
+                    C_MAP,
+                    m,
+                    f"ensemble output {t.name!r} is produced by no step",
+                    f"map a step output to {t.name!r} in its output_map",
+                    element=f"output {t.name}",
+                    line=line,
+                    tensor=t.name,
+                )
             )
-        else:
-            yield from _agree(
-                m,
-                f"output {t.name}",
-                m.line_of_tensor(t.name),
-                t.name,
-                prod,
-                _Tensor("ensemble output", dtype_name(t.data_type), _own_dims(t), mbs > 0),
-            )
-    for t in c.input:
+            continue
+        own = _Tensor("ensemble output", dtype_name(t.data_type), _own_dims(t), w.mbs > 0)
+        w.findings.extend(_agree(m, f"output {t.name}", line, t.name, prod, own))
+
+
+def _check_unused_inputs(w: _Wiring) -> None:
+    assert w.m.config is not None
+    consumed = {tensor for step in w.steps for tensor in step.input_map.values()}
+    for t in w.m.config.input:
         if t.name not in consumed:
-            yield tf(
-                C_UNUSED,
-                m,
-                f"ensemble input {t.name!r} is read by no step",
-                f"map {t.name!r} in a step's input_map or remove it",
-                element=f"input {t.name}",
-                line=m.line_of_tensor(t.name),
-                tensor=t.name,
+            w.findings.append(
+                tf(
+                    C_UNUSED,
+                    w.m,
+                    f"ensemble input {t.name!r} is read by no step",
+                    f"map {t.name!r} in a step's input_map or remove it",
+                    element=f"input {t.name}",
+                    line=w.m.line_of_tensor(t.name),
+                    tensor=t.name,
+                )
             )
+
+
+def _check_cycle(w: _Wiring) -> None:
+    produced_by_step = {t: i for i, s in enumerate(w.steps) for t in s.output_map.values()}
+    edges: dict[int, set[int]] = {i: set() for i in range(len(w.steps))}
+    for i, step in enumerate(w.steps):
+        for tensor in step.input_map.values():
+            if tensor in produced_by_step:
+                edges[produced_by_step[tensor]].add(i)
     cycle = _find_cycle(edges)
     if cycle:
-        names = [f"{i}:{steps[i].model_name}" for i in cycle]
-        yield tf(
-            C_CYCLE,
-            m,
-            f"ensemble steps form a cycle: {' -> '.join(names)}",
-            "break the loop: a step cannot (indirectly) consume its own output",
-            element=f"step[{cycle[0]}]",
-            line=m.line_of("ensemble_scheduling"),
-            cycle=names,
+        names = [f"{i}:{w.steps[i].model_name}" for i in cycle]
+        w.findings.append(
+            tf(
+                C_CYCLE,
+                w.m,
+                f"ensemble steps form a cycle: {' -> '.join(names)}",
+                "break the loop: a step cannot (indirectly) consume its own output",
+                element=f"step[{cycle[0]}]",
+                line=w.m.line_of("ensemble_scheduling"),
+                cycle=names,
+            )
         )
 
 
 def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor, cons: _Tensor) -> Iterator[Finding]:
+    if prod.dtype is None or cons.dtype is None or prod.dims is None or cons.dims is None:
+        return  # one end's model is missing: nothing to compare
     if prod.dtype != cons.dtype:
         yield tf(
             C_DTYPE,
@@ -333,7 +413,7 @@ def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor
             consumer=cons.owner,
             consumer_dtype=cons.dtype,
         )
-    if not _compatible(prod.dims, cons.dims) and not _compatible(prod.full, cons.full):
+    if not _compatible(prod.dims, cons.dims) and not _compatible(prod.full or [], cons.full or []):
         yield tf(
             C_SHAPE,
             m,
