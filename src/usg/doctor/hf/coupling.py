@@ -218,16 +218,89 @@ def _check_max_length(c: _Ctx, tokens: int, what: str) -> None:
             )
 
 
-def _llava(c: _Ctx, next_: bool) -> None:
+@dataclass(frozen=True)
+class _Tower:
+    """A LLaVA-family vision tower as the model and the processor each see it."""
+
+    image: int
+    patch: int
+    cls: bool
+    strat_m: Any  # vision_feature_select_strategy in config.json
+    strat_p: Any  # ... in the processor
+    patch_p: Any  # the processor's patch_size (None: it inserts a single <image> token)
+    add_p: int  # num_additional_image_tokens
+    crop: int
+    model_type: Any
+
+    @property
+    def feats(self) -> int:
+        """Vision features per image (tile) the model produces."""
+        return vit_tokens(self.image, self.patch, self.cls, self.strat_m)
+
+    @property
+    def toks(self) -> int:
+        """Image tokens per image (tile) the processor inserts."""
+        return (self.crop // self.patch_p) ** 2 + self.add_p - (1 if self.strat_p == "default" else 0)
+
+    def arithmetic(self) -> str:
+        return (
+            f"({self.image}/{self.patch})² = {(self.image // self.patch) ** 2} patches"
+            + (" + 1 CLS" if self.cls else " (no CLS: " + str(self.model_type) + ")")
+            + (" - 1 (strategy 'default' drops the first token)" if self.strat_m == "default" else " (strategy 'full')")
+            + f" = {self.feats}"
+        )
+
+
+def _tower(c: _Ctx) -> _Tower:
     v = c.vision()
-    image, patch = int(v["image_size"]), int(v["patch_size"])
-    cls = has_cls(v.get("model_type"))
-    strat_m = c.config.get("vision_feature_select_strategy", "default")
-    strat_p = c.processor_value("vision_feature_select_strategy")
-    patch_p = c.processor_value("patch_size")
-    add_p = int(c.processor_value("num_additional_image_tokens") or 0)
-    crop = _crop(c.pre) or image
-    for who, s in (("config.json", strat_m), ("processor", strat_p)):
+    image = int(v["image_size"])
+    return _Tower(
+        image=image,
+        patch=int(v["patch_size"]),
+        cls=has_cls(v.get("model_type")),
+        strat_m=c.config.get("vision_feature_select_strategy", "default"),
+        strat_p=c.processor_value("vision_feature_select_strategy"),
+        patch_p=c.processor_value("patch_size"),
+        add_p=int(c.processor_value("num_additional_image_tokens") or 0),
+        crop=_crop(c.pre) or image,
+        model_type=v.get("model_type"),
+    )
+
+
+def _llava(c: _Ctx, next_: bool) -> None:
+    """LLaVA / LLaVA-NeXT: strategy, crop size, projector widths, then the token arithmetic."""
+    t = _tower(c)
+    _check_strategy_and_crop(c, t)
+    _check_projector(c)
+    if not isinstance(t.patch_p, int):
+        c.add(
+            "HF000",
+            "processor has no patch_size: it inserts a single <image> token that the model expands itself "
+            f"(vision features per image: {t.feats})",
+            "processor_config.json",
+            "none needed",
+            vision_features=t.feats,
+        )
+        return
+    if next_ and c.config.get("image_grid_pinpoints"):
+        _check_anyres(c, t)
+        return
+    if t.toks != t.feats:
+        _mismatch(c, t.toks, t.feats, t.cls, t.strat_m, t.strat_p, t.add_p, "one image", t.arithmetic())
+        return
+    _check_max_length(c, t.feats, "one image")
+    c.add(
+        "HF000",
+        f"vision features per image: {t.arithmetic()}; processor inserts {t.toks}",
+        "config.json",
+        "none needed",
+        vision_features=t.feats,
+        image_tokens=t.toks,
+    )
+
+
+def _check_strategy_and_crop(c: _Ctx, t: _Tower) -> None:
+    for who, s in (("config.json", t.strat_m), ("processor", t.strat_p)):
         if s not in (None, "default", "full"):
             c.add(
                 "HF007",
@@ -236,17 +309,21 @@ def _llava(c: _Ctx, next_: bool) -> None:
                 "use 'default' (drop CLS) or 'full' (keep all tokens)",
                 value=s,
             )
-    if crop != image:
+    if t.crop != t.image:
         c.add(
             "HF006",
-            f"the image processor crops to {crop}px but the vision tower is built for {image}px "
-            f"({(crop // patch) ** 2} vs {(image // patch) ** 2} patches)",
+            f"the image processor crops to {t.crop}px but the vision tower is built for {t.image}px "
+            f"({(t.crop // t.patch) ** 2} vs {(t.image // t.patch) ** 2} patches)",
             "preprocessor_config.json",
-            f"set crop_size/size to {image} in preprocessor_config.json",
-            processor_size=crop,
-            vision_image_size=image,
+            f"set crop_size/size to {t.image} in preprocessor_config.json",
+            processor_size=t.crop,
+            vision_image_size=t.image,
         )
-    # projector input width
+
+
+def _check_projector(c: _Ctx) -> None:
+    """The projector's input width is the tower's features, its output width the language model's."""
+    v = c.vision()
     layers = c.config.get("vision_feature_layer", -2)
     width = int(v["hidden_size"]) * (len(layers) if isinstance(layers, list) else 1)
     claimed = c.config.get("mm_hidden_size")
@@ -279,65 +356,37 @@ def _llava(c: _Ctx, next_: bool) -> None:
             projector_out=out_w[0][0],
             text_hidden=int(text_hidden),
         )
-    if not isinstance(patch_p, int):
+
+
+def _check_anyres(c: _Ctx, t: _Tower) -> None:
+    """LLaVA-NeXT: the same pinpoints on both sides, and equal token counts for sample image sizes."""
+    pins_m = c.config.get("image_grid_pinpoints") or []
+    pins_p = c.processor_value("image_grid_pinpoints") or pins_m
+    if [list(p) for p in pins_m] != [list(p) for p in pins_p]:
         c.add(
-            "HF000",
-            "processor has no patch_size: it inserts a single <image> token that the model expands itself "
-            f"(vision features per image: {vit_tokens(image, patch, cls, strat_m)})",
-            "processor_config.json",
-            "none needed",
-            vision_features=vit_tokens(image, patch, cls, strat_m),
+            "HF006",
+            f"image_grid_pinpoints differ: config.json {pins_m} vs processor {pins_p}",
+            "preprocessor_config.json",
+            "copy image_grid_pinpoints from config.json into preprocessor_config.json",
+            model=pins_m,
+            processor=pins_p,
         )
-        return
-    feats = vit_tokens(image, patch, cls, strat_m)
-    toks = (crop // patch_p) ** 2 + add_p - (1 if strat_p == "default" else 0)
-    arith = (
-        f"({image}/{patch})² = {(image // patch) ** 2} patches"
-        + (" + 1 CLS" if cls else " (no CLS: " + str(v.get("model_type")) + ")")
-        + (" - 1 (strategy 'default' drops the first token)" if strat_m == "default" else " (strategy 'full')")
-        + f" = {feats}"
-    )
-    if next_:
-        pins_m = c.config.get("image_grid_pinpoints") or []
-        pins_p = c.processor_value("image_grid_pinpoints") or pins_m
-        if pins_m and pins_p and [list(p) for p in pins_m] != [list(p) for p in pins_p]:
-            c.add(
-                "HF006",
-                f"image_grid_pinpoints differ: config.json {pins_m} vs processor {pins_p}",
-                "preprocessor_config.json",
-                "copy image_grid_pinpoints from config.json into preprocessor_config.json",
-                model=pins_m,
-                processor=pins_p,
-            )
-        if pins_m:
-            for size in SAMPLE_SIZES:
-                fm = anyres_tokens(size, image, patch, pins_m, feats)
-                tp = anyres_tokens(size, crop, patch_p, pins_p, toks)
-                if fm != tp:
-                    _mismatch(c, tp, fm, cls, strat_m, strat_p, add_p, f"a {size[0]}x{size[1]} image", arith)
-                    return
-            worst = max(anyres_tokens((int(h), int(w)), image, patch, pins_m, feats) for h, w in pins_m)
-            _check_max_length(c, worst, "the largest anyres image")
-            c.add(
-                "HF000",
-                f"per tile: {arith}; anyres up to {worst} tokens per image; processor agrees",
-                "config.json",
-                "none needed",
-                tile_features=feats,
-                max_image_tokens=worst,
-            )
+    for size in SAMPLE_SIZES:
+        fm = anyres_tokens(size, t.image, t.patch, pins_m, t.feats)
+        tp = anyres_tokens(size, t.crop, t.patch_p, pins_p, t.toks)
+        if fm != tp:
+            where = f"a {size[0]}x{size[1]} image"
+            _mismatch(c, tp, fm, t.cls, t.strat_m, t.strat_p, t.add_p, where, t.arithmetic())
             return
-    if toks != feats:
-        _mismatch(c, toks, feats, cls, strat_m, strat_p, add_p, "one image", arith)
-        return
-    _check_max_length(c, feats, "one image")
+    worst = max(anyres_tokens((int(h), int(w)), t.image, t.patch, pins_m, t.feats) for h, w in pins_m)
+    _check_max_length(c, worst, "the largest anyres image")
     c.add(
         "HF000",
-        f"vision features per image: {arith}; processor inserts {toks}",
+        f"per tile: {t.arithmetic()}; anyres up to {worst} tokens per image; processor agrees",
         "config.json",
         "none needed",
-        vision_features=feats,
-        image_tokens=toks,
+        tile_features=t.feats,
+        max_image_tokens=worst,
     )
 
 

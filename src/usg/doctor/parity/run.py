@@ -207,6 +207,27 @@ def run_parity(
     return report
 
 
+GIVEN = "given (--onnx)"  # what the report shows as the exporter when the ONNX file was given
+
+
+@dataclass
+class _Subject:
+    """The eager model and its example inputs, by input name."""
+
+    source: str
+    model: Any
+    names: list[str]
+    values: list[Any]
+    as_kwargs: bool
+
+    @property
+    def example(self) -> dict[str, Any]:
+        return dict(zip(self.names, self.values, strict=True))
+
+    def default_axes(self) -> DynamicAxes:
+        return {n: {0: "batch"} for n, v in zip(self.names, self.values, strict=True) if v.dim() >= 1}
+
+
 def _run(
     torch_spec: str | Any,
     onnx_path: Path | None,
@@ -220,7 +241,56 @@ def _run(
     workdir: Path | None,
     temporary: bool,
 ) -> ParityReport:
+    """Load the factory, export (unless given), plan the shapes, run each case on both, then judge."""
     torch = import_torch()
+    subj = _load_subject(torch, torch_spec)
+    findings: list[Finding] = []
+    given = onnx_path is not None
+    exporter_used: str | None = GIVEN
+    if onnx_path is None:
+        assert workdir is not None
+        exported = export_model(
+            subj.model,
+            subj.names,
+            subj.values,
+            subj.as_kwargs,
+            dynamic_axes or subj.default_axes(),
+            workdir,
+            exporter=exporter,
+            opset=opset,
+            source=subj.source,
+        )
+        findings.extend(exported.findings)
+        subj.model.eval()  # exporters toggle training mode; make sure dropout stays off
+        if exported.path is None:
+            return ParityReport(None, None, [], findings)
+        onnx_path, exporter_used = exported.path, exported.exporter
+    proto = onnx.load(str(onnx_path))
+    onnx_dims = _dims(proto)
+    rename = _match_input_names(subj.names, list(onnx_dims))
+    if dynamic_axes is None and given:  # the given file's symbolic dims say which axes are dynamic
+        dynamic_axes = {
+            n: {i: str(d) for i, d in enumerate(onnx_dims[rename[n]]) if isinstance(d, str)} for n in subj.names
+        }
+    axes = dynamic_axes or subj.default_axes()
+    loc_file = str(onnx_path) if not temporary else f"{subj.source} (exported, {exporter_used} exporter)"
+    findings.extend(_fixed_axis_findings(axes, onnx_dims, rename, loc_file))
+    export_sizes, batch_syms = _export_sizes(axes, subj.example)
+    plan = plan_shapes(export_sizes, batch_syms, sizes)
+    cases, feeds_by_label = _run_cases(torch, subj, onnx_path, plan, axes, rename, atol, rtol)
+    findings.extend(_case_findings(cases, proto, loc_file, axes, export_sizes, atol, rtol))
+    base = cases[0]
+    if base.onnx_error is None and base.torch_error is None and not base.passed and not base.mismatch:
+        findings.append(
+            _drift_finding(
+                proto, subj.model, subj.as_kwargs, subj.names, feeds_by_label["export"], base, loc_file, atol, rtol
+            )
+        )
+    findings.append(_summary(cases, exporter_used, loc_file))
+    return ParityReport(onnx_path, exporter_used, cases, findings)
+
+
+def _load_subject(torch: Any, torch_spec: str | Any) -> _Subject:
     factory = load_factory(torch_spec) if isinstance(torch_spec, str) else torch_spec
     source = torch_spec if isinstance(torch_spec, str) else getattr(factory, "__name__", "<factory>")
     made = factory()
@@ -229,43 +299,31 @@ def _run(
     model, example = made
     model.eval()
     names, values = input_names_for(model, example)
-    as_kwargs = isinstance(example, Mapping)
-    findings: list[Finding] = []
-    exporter_used: str | None = "given (--onnx)"
-    if onnx_path is None:
-        assert workdir is not None
-        axes = dynamic_axes or {n: {0: "batch"} for n, v in zip(names, values, strict=True) if v.dim() >= 1}
-        exported = export_model(
-            model, names, values, as_kwargs, axes, workdir, exporter=exporter, opset=opset, source=source
-        )
-        findings.extend(exported.findings)
-        model.eval()  # exporters toggle training mode; make sure dropout stays off
-        if exported.path is None:
-            return ParityReport(None, None, [], findings)
-        onnx_path, exporter_used = exported.path, exported.exporter
-    proto = onnx.load(str(onnx_path))
-    onnx_dims = _dims(proto)
-    onnx_names = list(onnx_dims)
-    if set(names) != set(onnx_names):
-        if len(onnx_names) != len(names):
-            raise UsageError(
-                f"the ONNX model has inputs {onnx_names} but the factory gives {len(names)} ({names}); "
-                "fix: return example inputs as a dict keyed by the ONNX input names"
-            )
-        rename = dict(zip(names, onnx_names, strict=True))
-    else:
-        rename = {n: n for n in names}
-    if dynamic_axes is None and exporter_used == "given (--onnx)":
-        dynamic_axes = {n: {i: str(d) for i, d in enumerate(onnx_dims[rename[n]]) if isinstance(d, str)} for n in names}
-    axes = dynamic_axes or {n: {0: "batch"} for n, v in zip(names, values, strict=True) if v.dim() >= 1}
-    loc_file = str(onnx_path) if not temporary else f"{source} (exported, {exporter_used} exporter)"
+    return _Subject(source, model, list(names), list(values), isinstance(example, Mapping))
 
-    # PAR005: axes requested dynamic but fixed in the graph's inputs
+
+def _match_input_names(names: list[str], onnx_names: list[str]) -> dict[str, str]:
+    """Factory input name -> ONNX input name (positional when the names differ but the counts agree)."""
+    if set(names) == set(onnx_names):
+        return {n: n for n in names}
+    if len(onnx_names) != len(names):
+        raise UsageError(
+            f"the ONNX model has inputs {onnx_names} but the factory gives {len(names)} ({names}); "
+            "fix: return example inputs as a dict keyed by the ONNX input names"
+        )
+    return dict(zip(names, onnx_names, strict=True))
+
+
+def _fixed_axis_findings(
+    axes: DynamicAxes, onnx_dims: Mapping[str, list[int | str | None]], rename: Mapping[str, str], loc_file: str
+) -> list[Finding]:
+    """PAR005: axes requested dynamic but fixed in the graph's inputs."""
+    out = []
     for n, ax in axes.items():
         dims = onnx_dims.get(rename.get(n, n), [])
         for a, sym in ax.items():
             if a < len(dims) and isinstance(dims[a], int) and dims[a]:
-                findings.append(
+                out.append(
                     finding(
                         "PAR005",
                         f"input {n!r} axis {a} ({sym}) should be dynamic but the ONNX graph fixes it to {dims[a]}",
@@ -277,40 +335,58 @@ def _run(
                         stage=Stage.PARITY,
                     )
                 )
+    return out
 
-    example_by_name = dict(zip(names, values, strict=True))
+
+def _export_sizes(axes: DynamicAxes, example: Mapping[str, Any]) -> tuple[dict[str, int], set[str]]:
+    """Each dynamic symbol's size in the example inputs, and the symbols that sit on axis 0."""
     export_sizes: dict[str, int] = {}
     batch_syms: set[str] = set()
     for n, ax in axes.items():
         for a, sym in ax.items():
-            if n in example_by_name and a < example_by_name[n].dim():
-                export_sizes.setdefault(sym, int(example_by_name[n].shape[a]))
+            if n in example and a < example[n].dim():
+                export_sizes.setdefault(sym, int(example[n].shape[a]))
                 if a == 0:
                     batch_syms.add(sym)
-    plan = plan_shapes(export_sizes, batch_syms, sizes)
+    return export_sizes, batch_syms
 
+
+_Feeds = tuple[dict[str, np.ndarray], dict[str, Any]]
+
+
+def _run_cases(
+    torch: Any,
+    subj: _Subject,
+    onnx_path: Path,
+    plan: list[tuple[str, dict[str, int]]],
+    axes: DynamicAxes,
+    rename: Mapping[str, str],
+    atol: float,
+    rtol: float,
+) -> tuple[list[CaseResult], dict[str, _Feeds]]:
+    """Run every planned shape through PyTorch and ONNX Runtime and compare the outputs."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # failures are reported as findings, not log lines
     sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
     gen = torch.Generator().manual_seed(0)
+    example = subj.example
     cases: list[CaseResult] = []
-    feeds_by_label: dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]] = {}
+    feeds_by_label: dict[str, _Feeds] = {}
     for label, case_sizes in plan:
         inputs: dict[str, Any] = {}
-        for n in names:
-            ex = example_by_name[n]
-            shape = list(ex.shape)
+        for n in subj.names:
+            shape = list(example[n].shape)
             for a, sym in axes.get(n, {}).items():
                 if a < len(shape):
                     shape[a] = case_sizes[sym]
-            inputs[n] = _make_input(torch, ex, shape, gen)
+            inputs[n] = _make_input(torch, example[n], shape, gen)
         result = CaseResult(label, dict(case_sizes), {n: list(t.shape) for n, t in inputs.items()})
         cases.append(result)
         try:
             with torch.no_grad():
-                out = model(**inputs) if as_kwargs else model(*[inputs[n] for n in names])
+                out = subj.model(**inputs) if subj.as_kwargs else subj.model(*[inputs[n] for n in subj.names])
             ref = [t.detach().cpu().numpy() for t in _flatten(out, torch)]
         except Exception as exc:
             result.torch_error = _first_line(exc)
@@ -322,33 +398,29 @@ def _run(
         except Exception as exc:
             result.onnx_error = _first_line(exc)
             continue
-        if len(got) != len(ref):
-            result.mismatch = f"ONNX returns {len(got)} outputs, torch {len(ref)}"
-        ok = True
-        for g, r in zip(got, ref, strict=False):
-            g = np.asarray(g)
-            if g.shape != r.shape:
-                result.mismatch = f"output shape {list(g.shape)} vs torch {list(r.shape)}"
-                result.max_abs_err.append(float("inf"))
-                result.max_rel_err.append(float("inf"))
-                ok = False
-                continue
-            diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
-            mabs = float(diff.max()) if diff.size else 0.0
-            scale = float(np.abs(r).max()) if r.size else 0.0
-            result.max_abs_err.append(mabs)
-            result.max_rel_err.append(mabs / scale if scale > 0 else mabs)
-            ok = ok and bool(np.allclose(g, r, atol=atol, rtol=rtol, equal_nan=True))
-        result.passed = ok and len(got) == len(ref)
+        _compare(result, [np.asarray(g) for g in got], ref, atol, rtol)
+    return cases, feeds_by_label
 
-    findings.extend(_case_findings(cases, proto, loc_file, axes, export_sizes, atol, rtol))
-    base = cases[0]
-    if base.onnx_error is None and base.torch_error is None and not base.passed and not base.mismatch:
-        findings.append(
-            _drift_finding(proto, model, as_kwargs, names, feeds_by_label["export"], base, loc_file, atol, rtol)
-        )
-    findings.append(_summary(cases, exporter_used, loc_file))
-    return ParityReport(onnx_path, exporter_used, cases, findings)
+
+def _compare(result: CaseResult, got: list[np.ndarray], ref: list[np.ndarray], atol: float, rtol: float) -> None:
+    """Fill ``result`` with per-output errors; it passes when every output is close and the counts agree."""
+    if len(got) != len(ref):
+        result.mismatch = f"ONNX returns {len(got)} outputs, torch {len(ref)}"
+    ok = True
+    for g, r in zip(got, ref, strict=False):
+        if g.shape != r.shape:
+            result.mismatch = f"output shape {list(g.shape)} vs torch {list(r.shape)}"
+            result.max_abs_err.append(float("inf"))
+            result.max_rel_err.append(float("inf"))
+            ok = False
+            continue
+        diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
+        mabs = float(diff.max()) if diff.size else 0.0
+        scale = float(np.abs(r).max()) if r.size else 0.0
+        result.max_abs_err.append(mabs)
+        result.max_rel_err.append(mabs / scale if scale > 0 else mabs)
+        ok = ok and bool(np.allclose(g, r, atol=atol, rtol=rtol, equal_nan=True))
+    result.passed = ok and len(got) == len(ref)
 
 
 def _case_findings(
