@@ -131,3 +131,100 @@ def test_overridable_initializer_is_a_legitimate_input(tmp_path: Path) -> None:
     _save(graph, d / "1" / "model.onnx", 8, 18)
     findings = run_doctor([d]).findings
     assert [(f.code, f.message) for f in findings if f.severity.value == "error"] == []
+
+
+# -- items 7-9: ONNX backend-test models and silero-vad -----------------------------------------
+
+NODE_COPIES = Path(__file__).parents[1] / "resources" / "doctor" / "onnx_backend_node"
+
+
+def backend_test_model(name: str) -> Path:
+    """The model from the installed onnx package, or the unchanged copy (onnx 1.23 wheels dropped them)."""
+    shipped = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node" / name / "model.onnx"
+    return shipped if shipped.is_file() else NODE_COPIES / name / "model.onnx"
+
+
+@pytest.mark.parametrize(
+    "name", ["test_flexattention_causal_mask_expanded_ver26", "test_flexattention_relative_positional_expanded_ver26"]
+)
+def test_reshape_of_index_tensors_is_not_a_frozen_batch(name: str) -> None:
+    pytest.importorskip("onnxruntime")
+    from usg.doctor.onnx.probe import run_once
+
+    path = backend_test_model(name)
+    model = onnx.load(str(path))
+    probe = run_once(model, batch=2, batch_inputs=["Q", "K", "V"])
+    assert probe is not None and probe.ok and probe.output_shapes[0][0] == 2  # it really runs at batch 2
+    findings = run_doctor([path]).findings
+    assert "ONNX009" not in _codes(findings)
+    assert _codes(findings, "ONNX008") == ["ONNX008"] * 3  # Q, K, V really are fixed at batch 1
+
+
+def test_frozen_batch_is_proven_by_a_batch_2_run_and_reported_once(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    shape = helper.make_tensor("target", T.INT64, [2], [1, 24])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["a", "target"], ["fa"], name="flat_a"),
+            helper.make_node("Reshape", ["b", "target"], ["fb"], name="flat_b"),
+            helper.make_node("Add", ["fa", "fb"], ["y"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("a", T.FLOAT, [1, 2, 12]),
+            helper.make_tensor_value_info("b", T.FLOAT, [1, 2, 12]),
+        ],
+        [helper.make_tensor_value_info("y", T.FLOAT, [1, 24])],
+        initializer=[shape],
+    )
+    path = tmp_path / "frozen.onnx"
+    _save(graph, path, 8, 17)
+    findings = run_doctor([path]).findings
+    [f] = [f for f in findings if f.code == "ONNX009"]
+    assert f.evidence["inputs"] == ["a", "b"]
+    assert f.evidence["batch_probe"]["batch"] == 2 and f.evidence["batch_probe"]["runs"] is False
+    assert "at batch 2 ONNX Runtime fails" in f.message
+    assert "ONNX008" not in _codes(findings)
+
+
+def test_recurrent_state_batch_axis_is_not_dim_0() -> None:
+    silero = pytest.importorskip("silero_vad")
+    path = Path(silero.__file__).parent / "data" / "silero_vad.onnx"
+    findings = run_doctor([path]).findings
+    [f] = [f for f in findings if f.code == "ONNX008"]
+    assert f.evidence["input"] == "state" and f.evidence["batch_axis"] == 1
+    assert "dynamic_axes" not in f.fix and "axis 1" in f.message
+    assert [x for x in findings if x.severity.value == "error"] == []
+
+
+def test_not_implemented_kernel_is_the_unsupported_op_code() -> None:
+    pytest.importorskip("onnxruntime")
+    findings = run_doctor([backend_test_model("test_cast_FLOAT_to_FLOAT4E2M1")]).findings
+    [f] = [f for f in findings if f.severity.value == "error"]
+    assert f.code == "ONNX006" and f.root_cause.value == "unsupported_op"
+    assert f.evidence["op_type"] == "Cast" and f.evidence["op_since_version"] == 25
+    assert "ONNX021" not in _codes(findings)
+
+
+def test_onnxruntime_log_lines_stay_off_stderr(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from usg.doctor import run_doctor; "
+        "r = run_doctor(sys.argv[1:]); print(sorted(f.code for f in r.findings))"
+    )
+    paths = [str(backend_test_model(n)) for n in ("test_cast_FLOAT_to_FLOAT4E2M1", "test_mvn")]
+    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ONNX006" in done.stdout
+    assert done.stderr == ""
+
+
+def test_shape_inference_failing_inside_a_function_body_is_a_warning_when_ort_runs_it() -> None:
+    pytest.importorskip("onnxruntime")
+    findings = run_doctor([backend_test_model("test_mvn")]).findings
+    [f] = [f for f in findings if f.code == "ONNX002"]
+    assert f.severity.value == "warning" and f.evidence["function_op"] == "MeanVarianceNormalization"
+    assert [x for x in findings if x.severity.value == "error"] == []

@@ -60,7 +60,9 @@ C_SHAPE = CodeInfo(
     E,
     RootCause.SHAPE_OR_RANK,
     "shape inference fails",
-    "Strict ONNX shape inference finds incompatible shapes or types between nodes.",
+    "Strict ONNX shape inference finds incompatible shapes or types between nodes (a warning "
+    "when the failure is inside an op's function body and ONNX Runtime loads and runs the model).",
+    also_severities=(W,),
 )
 C_CUSTOM = CodeInfo(
     "ONNX005",
@@ -217,8 +219,12 @@ def check_checker(s: OnnxSubject) -> Iterator[Finding]:
 _SHAPE_NODE_RE = re.compile(r"\(op_type:(\w+), node name: ([^)]*)\)")
 
 
+_FUNCTION_BODY_RE = re.compile(r"\(op_type:(\w+)[^)]*\):\s*\[ShapeInferenceError\] Inference error\(s\):\s*\(op_type:")
+
+
 @check("onnx", codes=[C_SHAPE])
 def check_shape_inference(s: OnnxSubject) -> Iterator[Finding]:
+    """Strict shape inference; a failure inside a function body is a warning if ONNX Runtime runs the model."""
     if s.model is None or s.checker_error is not None:
         return
     try:
@@ -227,6 +233,29 @@ def check_shape_inference(s: OnnxSubject) -> Iterator[Finding]:
         text = str(exc).strip()
         m = _SHAPE_NODE_RE.search(text)
         element = f"{m.group(1)} {m.group(2)!r}" if m else None
+        inside = _FUNCTION_BODY_RE.search(text)
+        ev: dict[str, Any] = {"error": _short(text), "op_type": m.group(1) if m else None}
+        ev["node"] = m.group(2) if m else None
+        if inside:
+            from usg.doctor.onnx.probe import run_once
+
+            probe = run_once(s.model, size=s.size)
+            if probe is not None and probe.ok:
+                op = inside.group(1)
+                yield _f(
+                    C_SHAPE,
+                    s,
+                    f"strict shape inference fails inside the function body of {op}, but ONNX Runtime loads "
+                    f"and runs the model: {_short(text, 200)}",
+                    f"nothing blocks serving on ONNX Runtime; other runtimes that expand {op} from its "
+                    "function body may refuse it: test there before deploying",
+                    element=element or op,
+                    severity=W,
+                    function_op=op,
+                    ran_on_onnxruntime=True,
+                    **ev,
+                )
+                return
         yield _f(
             C_SHAPE,
             s,
@@ -234,9 +263,7 @@ def check_shape_inference(s: OnnxSubject) -> Iterator[Finding]:
             "the shapes/dtypes feeding this node are inconsistent; re-export with the real "
             "input shapes, or fix the value_info written by graph surgery",
             element=element,
-            error=_short(text),
-            op_type=m.group(1) if m else None,
-            node=m.group(2) if m else None,
+            **ev,
         )
 
 

@@ -187,11 +187,14 @@ _OPSET_RE = re.compile(r"Opset (\d+) is under development")
 def _session_options() -> Any:
     import onnxruntime as ort
 
+    from usg.doctor.onnx.probe import silence_onnxruntime
+
+    silence_onnxruntime()  # ONNX Runtime's C++ log lines must not reach the user's stderr
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     return so
 
 

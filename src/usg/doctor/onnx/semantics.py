@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 from usg.doctor.findings import Finding, RootCause, Severity
 from usg.doctor.onnx.checks import OnnxSubject, _f
+from usg.doctor.onnx.probe import run_once
 from usg.doctor.registry import CodeInfo, check
 from usg.doctor.runner import CheckContext
 
@@ -115,62 +116,165 @@ def _first(value: Any) -> int | None:
     return flat[0] if flat else None
 
 
+def _dynamic(d: int | str | None) -> bool:
+    return not isinstance(d, int)
+
+
+def _batch_carriers(model: onnx.ModelProto, source: str) -> set[str]:
+    """Tensors computed from ``source``'s data (not from its shape: Shape/Size end the flow)."""
+    reach = {source}
+    for n in model.graph.node:
+        if n.op_type not in ("Shape", "Size") and any(x in reach for x in n.input):
+            reach.update(o for o in n.output if o)
+    return reach
+
+
+def _frozen_nodes(model: onnx.ModelProto, name: str, batch: int, consts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Reshape/Expand nodes that reshape ``name``'s data to a constant shape starting with ``batch``.
+
+    Index tensors built from Range/Constant (attention masks, position ids) do not carry the batch,
+    so a leading ``batch`` in their shape is no evidence of a traced batch size.
+    """
+    carriers = _batch_carriers(model, name)
+    frozen = []
+    for n in model.graph.node:
+        if n.op_type not in ("Reshape", "Expand") or len(n.input) < 2 or n.input[1] not in consts:
+            continue
+        if n.op_type == "Expand" and batch == 1:
+            continue  # expanding to 1 is a broadcast no-op, not evidence of tracing
+        if n.input[0] in carriers and _first(consts[n.input[1]]) == batch:
+            shape = consts[n.input[1]]
+            frozen.append(
+                {
+                    "node": n.name or n.output[0],
+                    "op_type": n.op_type,
+                    "shape": [int(x) for x in (shape.tolist() if hasattr(shape, "tolist") else shape)],
+                }
+            )
+    return frozen
+
+
+def _state_batch_axis(dims: list[int | str | None], batch_symbols: set[str | None]) -> int | None:
+    """The batch axis of a recurrent-state input laid out ``[layers, batch, hidden]`` (silero-vad's
+    ``state [2, batch, 128]``): a dynamic axis after a fixed dim 0, in a model whose other inputs
+    batch on a dynamic dim 0 (with the same symbol when both are named)."""
+    if not batch_symbols:
+        return None
+    for axis, d in enumerate(dims[1:], 1):
+        if _dynamic(d) and (d is None or d in batch_symbols or None in batch_symbols):
+            return axis
+    return None
+
+
+def _probe_batch(s: OnnxSubject, names: list[str], batch: int) -> dict[str, Any] | None:
+    """Run at the model's own batch, then at ``batch + 1`` with the named inputs made dynamic.
+
+    None when no run is feasible or the model does not even run at its own shapes (inconclusive).
+    """
+    assert s.model is not None
+    base = run_once(s.model, size=s.size)
+    if base is None or not base.ok:
+        return None
+    other = run_once(s.model, batch=batch + 1, batch_inputs=names, size=s.size)
+    if other is None:
+        return None
+    return {"batch": batch + 1, "runs": other.ok, "error": other.error}
+
+
 @check("onnx", codes=[C_FIXED_BATCH, C_FROZEN])
 def check_fixed_batch(s: OnnxSubject) -> Iterator[Finding]:
+    """Inputs with a fixed batch dim (ONNX008), and a batch size traced into Reshape/Expand (ONNX009).
+
+    A suspected frozen batch is run at another batch size where feasible: if the model runs, the
+    batch was not frozen (ONNX008 only); if it fails, the error is the proof. One ONNX009 per model.
+    """
     if s.model is None:
         return
-    fixed = []
-    for inp in _real_inputs(s.model):
-        dims = _dims(inp)
-        if dims and len(dims) >= 2 and isinstance(dims[0], int) and dims[0] > 0:
-            fixed.append((inp.name, dims))
+    inputs = [(inp.name, _dims(inp)) for inp in _real_inputs(s.model)]
+    batch_symbols: set[str | None] = {d[0] for _, d in inputs if d and len(d) >= 2 and not isinstance(d[0], int)}
+    fixed = [(n, d) for n, d in inputs if d and len(d) >= 2 and isinstance(d[0], int) and d[0] > 0]
     if not fixed:
         return
     consts = _constants(s.model)
+    frozen: dict[str, list[dict[str, Any]]] = {}
     for name, dims in fixed:
-        batch = dims[0]
-        assert isinstance(batch, int)
-        frozen = []
-        for n in s.model.graph.node:
-            if n.op_type not in ("Reshape", "Expand") or len(n.input) < 2 or n.input[1] not in consts:
-                continue
-            if n.op_type == "Expand" and batch == 1:
-                continue  # expanding to 1 is a broadcast no-op, not evidence of tracing
-            if _first(consts[n.input[1]]) == batch:
-                shape = consts[n.input[1]]
-                frozen.append(
-                    {
-                        "node": n.name or n.output[0],
-                        "op_type": n.op_type,
-                        "shape": [int(x) for x in (shape.tolist() if hasattr(shape, "tolist") else shape)],
-                    }
-                )
-        if frozen:
-            yield _f(
-                C_FROZEN,
-                s,
-                f"input {name!r} has fixed batch {batch} and {len(frozen)} Reshape/Expand "
-                f"node(s) hard-code {batch} as their first dim: the trace froze the batch size",
-                "re-export with dynamic_axes={'" + name + "': {0: 'batch'}} (or dynamic_shapes) and "
-                "build shapes from x.shape[0] / use -1 in view()/reshape() instead of a Python int",
-                element=name,
-                input=name,
-                shape=dims,
-                batch=batch,
-                frozen_nodes=frozen[:10],
-            )
-        else:
-            yield _f(
-                C_FIXED_BATCH,
-                s,
-                f"input {name!r} has a fixed batch dim {batch} (shape {dims}); requests cannot be batched",
-                "re-export with dynamic_axes={'" + name + "': {0: 'batch'}}, or keep "
-                "max_batch_size: 0 in serving configs",
-                element=name,
-                input=name,
-                shape=dims,
-                batch=batch,
-            )
+        if _state_batch_axis(dims, batch_symbols) is None:
+            nodes = _frozen_nodes(s.model, name, int(dims[0] or 0), consts)
+            if nodes:
+                frozen[name] = nodes
+    probe = None
+    if frozen:
+        first = next(d for n, d in fixed if n in frozen)
+        probe = _probe_batch(s, list(frozen), int(first[0] or 0))
+        if probe is None or not probe["runs"]:
+            yield _frozen_finding(s, fixed, frozen, probe)
+            return
+    for name, dims in fixed:
+        yield _fixed_batch_finding(s, name, dims, _state_batch_axis(dims, batch_symbols), probe)
+
+
+def _frozen_finding(
+    s: OnnxSubject,
+    fixed: list[tuple[str, list[int | str | None]]],
+    frozen: dict[str, list[dict[str, Any]]],
+    probe: dict[str, Any] | None,
+) -> Finding:
+    name, dims = next((n, d) for n, d in fixed if n in frozen)
+    batch = dims[0]
+    nodes = list({n["node"]: n for ns in frozen.values() for n in ns}.values())
+    proof = (
+        f"; at batch {probe['batch']} ONNX Runtime fails: {probe['error']}"
+        if probe
+        else " (not confirmed by a run: the model is too large or its inputs cannot be synthesised)"
+    )
+    axes = ", ".join(f"'{n}': {{0: 'batch'}}" for n in frozen)
+    return _f(
+        C_FROZEN,
+        s,
+        f"input(s) {sorted(frozen)} have fixed batch {batch} and {len(nodes)} Reshape/Expand "
+        f"node(s) reshape their data to a shape starting with {batch}: the trace froze the batch size" + proof,
+        "re-export with dynamic_axes={" + axes + "} (or dynamic_shapes) and "
+        "build shapes from x.shape[0] / use -1 in view()/reshape() instead of a Python int",
+        element=name,
+        input=name,
+        inputs=sorted(frozen),
+        shape=dims,
+        batch=batch,
+        frozen_nodes=nodes[:10],
+        batch_probe=probe,
+    )
+
+
+def _fixed_batch_finding(
+    s: OnnxSubject, name: str, dims: list[int | str | None], state_axis: int | None, probe: dict[str, Any] | None
+) -> Finding:
+    batch = dims[0]
+    extra: dict[str, Any] = {"batch_probe": probe} if probe else {}
+    if state_axis is not None:
+        return _f(
+            C_FIXED_BATCH,
+            s,
+            f"input {name!r} (shape {dims}) carries the batch on axis {state_axis}, not 0 (a recurrent-state "
+            "layout): servers that batch along axis 0, like Triton's dynamic batcher, cannot batch it",
+            "serve it unbatched (max_batch_size: 0) and batch on the client, or wrap the model so the state "
+            f"is batch-first (transpose axis {state_axis} to 0)",
+            element=name,
+            input=name,
+            shape=dims,
+            batch_axis=state_axis,
+        )
+    return _f(
+        C_FIXED_BATCH,
+        s,
+        f"input {name!r} has a fixed batch dim {batch} (shape {dims}); requests cannot be batched"
+        + (f" (the model runs at batch {probe['batch']} once the dim is dynamic)" if probe else ""),
+        "re-export with dynamic_axes={'" + name + "': {0: 'batch'}}, or keep max_batch_size: 0 in serving configs",
+        element=name,
+        input=name,
+        shape=dims,
+        batch=batch,
+        **extra,
+    )
 
 
 @check("onnx", codes=[C_STATIC_OUT])
