@@ -88,7 +88,10 @@ def test_torch_onnx_export_log() -> None:
 def test_tensorrt_log() -> None:
     found = _read("tensorrt.log")
     codes = [f.code for f in found]
-    assert codes == ["LOG018", "LOG020", "LOG016", "LOG028", "LOG017"]
+    assert codes == ["LOG018", "LOG020", "LOG050", "LOG016", "LOG028", "LOG017"]
+    tactic = _by_code(found, "LOG050")  # "[W] Skipping tactic ... insufficient memory": known cases say memory
+    assert tactic.severity is Severity.WARNING and tactic.root_cause is RootCause.MEMORY
+    assert tactic.evidence["similar_cases"][0]["url"].startswith("https://github.com/")
     assert _by_code(found, "LOG017").evidence["dtype"] == "INT64"
     assert "int32" in _by_code(found, "LOG017").fix
     override = _by_code(found, "LOG020")
