@@ -87,7 +87,7 @@ _ERRORISH = re.compile(
 _NOT_ERROR = re.compile(r"\b(0 errors?|no errors?|without errors?|error_count=0|errors?: 0)\b", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _WARNISH = re.compile(r"\[W\]|\b[A-Z]\w*Warning\b")  # engine warnings: TracerWarning, UserWarning, [TRT] [W]
-LEARNED_ONLY_SIMILARITY = 0.35  # a line no error marker flags needs a closer known case
+LEARNED_ONLY_SIMILARITY = 0.3  # a line no error marker flags needs a closer known case
 # wording of problems that are not always flagged as errors (a warning, a bare message): known cases decide
 _PROBLEMISH = re.compile(
     r"invalid|mismatch|expected|unexpected|exceed|larger than|longer than|insufficient|incompatible|not enough|"

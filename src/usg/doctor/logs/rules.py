@@ -221,11 +221,11 @@ def _ort_dims(m: re.Match[str]) -> Explained:
             ev,
             R.DYNAMIC_SHAPE_FIXED,
         )
-    return Explained(
+    return Explained(  # a non-batch axis the model fixes: usually the client sends another size
         f"input {m['input']!r} dimension {idx} is fixed to {exp} in the ONNX graph but got {got}",
         f"resize/pad the input to {exp} on that axis, or re-export with axis {idx} dynamic",
         ev,
-        R.DYNAMIC_SHAPE_FIXED,
+        R.SHAPE_OR_RANK,
     )
 
 

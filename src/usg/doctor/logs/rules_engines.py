@@ -200,10 +200,20 @@ def _vllm_blocks(m: re.Match[str]) -> Explained:
     "image tokens vs image features",
     R.VERSION_COUPLING,
     r"Image features and image tokens do not match:? tokens:? (?P<tok>\d+),? features:? (?P<feat>\d+)",
+    also=(R.CONFIG_INVALID, R.SHAPE_OR_RANK),
 )
 def _vlm(m: re.Match[str]) -> Explained:
     tok, feat = int(m["tok"]), int(m["feat"])
     ev = {"image_tokens": tok, "image_features": feat, "difference": tok - feat}
+    if tok == 0 and feat:
+        return Explained(
+            f"the prompt has no image token but the vision tower produced {feat} features: the prompt was built "
+            "without the image placeholder",
+            "build the prompt with the processor's chat template (apply_chat_template) or put the model's image "
+            "token (e.g. <image>) in the text for every image",
+            ev,
+            R.CONFIG_INVALID,
+        )
     if tok - feat == 1:
         why, fix = (
             "one more token than features: the processor counts a CLS token the tower does not emit "
@@ -217,10 +227,12 @@ def _vlm(m: re.Match[str]) -> Explained:
             "set num_additional_image_tokens=1 (CLIP) or vision_feature_select_strategy='default' consistently",
         )
     elif feat and tok and tok < feat:
-        why, fix = (
-            "fewer tokens than features: the prompt was truncated (max_length) or the processor uses another "
-            "image size",
+        return Explained(
+            f"the prompt has {tok} image tokens but the vision tower produced {feat} features: fewer tokens than "
+            "features: the prompt was truncated (max_length) or the processor uses another image size",
             "do not truncate prompts with images (truncation=False / larger max_length); align the processor's size",
+            ev,
+            R.SHAPE_OR_RANK,
         )
     else:
         why, fix = (

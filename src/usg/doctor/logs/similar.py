@@ -22,8 +22,8 @@ from usg.errors import MissingDependency
 
 __all__ = ["MIN_CONFIDENCE", "MIN_SIMILARITY", "CaseIndex", "Neighbour", "Prediction", "causal_line", "features_text"]
 
-MIN_SIMILARITY = 0.2  # nearest case less similar than this: unclassified
-MIN_CONFIDENCE = 0.4  # vote share (damped) below this: unclassified
+MIN_SIMILARITY = 0.15  # nearest case less similar than this: unclassified
+MIN_CONFIDENCE = 0.35  # vote share (damped) below this: unclassified
 K = 9
 # weights of the three similarities: word vocabulary, spelling (character n-grams), error-vocabulary groups
 WEIGHTS = (0.3, 0.3, 0.4)
