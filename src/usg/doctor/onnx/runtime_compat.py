@@ -219,65 +219,69 @@ def check_ort_session(s: OnnxSubject) -> Iterator[Finding]:
     try:
         ort.InferenceSession(str(s.path), _session_options(), providers=["CPUExecutionProvider"])
     except Exception as exc:
-        text = str(exc)
-        if m := _NOT_IMPL_RE.search(text):
-            op, since, node = m.group(1), int(m.group(2)), m.group(3)
-            yield _f(
-                C_ORT_OP,
-                s,
-                f"ONNX Runtime {version} has no CPU kernel for {op} (op version {since}, "
-                f"model opset {s.opset('')}) at node {node!r}",
-                f"re-export with an opset where {op} has a newer version (e.g. convert with "
-                "onnx.version_converter.convert_version), or replace the node",
-                element=node or op,
-                op_type=op,
-                op_since_version=since,
-                model_opset=s.opset(""),
-                onnxruntime=version,
-                error=_short(text),
-            )
-        elif m := _NOT_REG_RE.search(text):
-            yield _f(
-                C_ORT_OP,
-                s,
-                f"ONNX Runtime {version} does not know op {m.group(1)}:{m.group(2)}",
-                "register the library implementing it, or re-export without it",
-                element=m.group(2),
-                domain=m.group(1),
-                op_type=m.group(2),
-                onnxruntime=version,
-                error=_short(text),
-            )
-        elif m := _IR_RE.search(text):
-            ir, max_ir = int(m.group(1)), int(m.group(2))
-            yield _f(
-                C_IR,
-                s,
-                f"IR version {ir} is newer than the installed ONNX Runtime {version} loads (max IR {max_ir})",
-                f"set model.ir_version = {max_ir} and re-save, or upgrade onnxruntime",
-                element="ir_version",
-                runtime="onnxruntime",
-                runtime_version=version,
-                model_ir_version=ir,
-                max_ir_version=max_ir,
-            )
-        elif m := _OPSET_RE.search(text):
-            yield _f(
-                C_OPSET,
-                s,
-                f"opset {m.group(1)} is newer than the installed ONNX Runtime {version} supports",
-                "re-export with a released opset, or upgrade onnxruntime",
-                element="opset_import",
-                runtime="onnxruntime",
-                runtime_version=version,
-                model_opset=int(m.group(1)),
-            )
-        else:
-            yield _f(
-                C_ORT_FAIL,
-                s,
-                f"ONNX Runtime {version} cannot build a session: {_short(text, 300)}",
-                "reproduce with onnxruntime.InferenceSession(path) and fix the node it names",
-                onnxruntime=version,
-                error=_short(text),
-            )
+        yield _session_failure(s, version, str(exc))
+
+
+def _session_failure(s: OnnxSubject, version: str, text: str) -> Finding:
+    """Translate ONNX Runtime's session error: a missing kernel (NOT_IMPLEMENTED) or op, IR, opset, or other."""
+    if m := _NOT_IMPL_RE.search(text):
+        op, since, node = m.group(1), int(m.group(2)), m.group(3)
+        return _f(
+            C_ORT_OP,
+            s,
+            f"ONNX Runtime {version} has no CPU kernel for {op} (op version {since}, "
+            f"model opset {s.opset('')}) at node {node!r}",
+            f"re-export with an opset where {op} has a newer version (e.g. convert with "
+            "onnx.version_converter.convert_version), or replace the node",
+            element=node or op,
+            op_type=op,
+            op_since_version=since,
+            model_opset=s.opset(""),
+            onnxruntime=version,
+            error=_short(text),
+        )
+    elif m := _NOT_REG_RE.search(text):
+        return _f(
+            C_ORT_OP,
+            s,
+            f"ONNX Runtime {version} does not know op {m.group(1)}:{m.group(2)}",
+            "register the library implementing it, or re-export without it",
+            element=m.group(2),
+            domain=m.group(1),
+            op_type=m.group(2),
+            onnxruntime=version,
+            error=_short(text),
+        )
+    elif m := _IR_RE.search(text):
+        ir, max_ir = int(m.group(1)), int(m.group(2))
+        return _f(
+            C_IR,
+            s,
+            f"IR version {ir} is newer than the installed ONNX Runtime {version} loads (max IR {max_ir})",
+            f"set model.ir_version = {max_ir} and re-save, or upgrade onnxruntime",
+            element="ir_version",
+            runtime="onnxruntime",
+            runtime_version=version,
+            model_ir_version=ir,
+            max_ir_version=max_ir,
+        )
+    elif m := _OPSET_RE.search(text):
+        return _f(
+            C_OPSET,
+            s,
+            f"opset {m.group(1)} is newer than the installed ONNX Runtime {version} supports",
+            "re-export with a released opset, or upgrade onnxruntime",
+            element="opset_import",
+            runtime="onnxruntime",
+            runtime_version=version,
+            model_opset=int(m.group(1)),
+        )
+    else:
+        return _f(
+            C_ORT_FAIL,
+            s,
+            f"ONNX Runtime {version} cannot build a session: {_short(text, 300)}",
+            "reproduce with onnxruntime.InferenceSession(path) and fix the node it names",
+            onnxruntime=version,
+            error=_short(text),
+        )
