@@ -151,7 +151,7 @@ def test_unknown_error_is_unclassified_not_forced() -> None:
         learned=False,
         text="2024-01-01 10:00:00 INFO all good\n"
         "2024-01-01 10:00:01 ERROR flux capacitor desynchronised (code 88)\n"
-        "2024-01-01 10:00:02 INFO 0 errors since start\n"
+        "2024-01-01 10:00:02 INFO 0 errors since start\n",
     )
     assert len(found) == 1
     assert found[0].code == "LOG000" and found[0].root_cause is RootCause.UNCLASSIFIED
@@ -230,3 +230,31 @@ def test_without_the_doctor_extra_unmatched_errors_say_how_to_match_them(monkeyp
     monkeypatch.setattr(classify_mod, "default_index", lambda: None)
     [f] = classify_text("ERROR flux capacitor desynchronised")
     assert f.code == "LOG000" and "pip install 'usg[doctor]'" in f.fix
+
+
+def test_triton_request_shape_without_batch_dim() -> None:
+    f = classify_line(
+        "InferenceServerException: unexpected shape for input 'pixels' for model 'det'. Expected [-1,3,640,640], "
+        "got [3,640,640]. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension"
+    )
+    assert f is not None and f.code == "LOG029" and f.root_cause is RootCause.BATCH_DIM_CONFIG
+    assert (f.evidence["expected"], f.evidence["got"]) == ([-1, 3, 640, 640], [3, 640, 640])
+    assert "[1, 3, 640, 640]" in f.fix
+
+
+def test_triton_config_dims_repeating_the_batch_dim() -> None:
+    f = classify_line("unexpected shape for input 'x' for model 'm'. Expected [-1,-1,224,3], got [1,224,3]")
+    assert f is not None and f.root_cause is RootCause.BATCH_DIM_CONFIG and "remove the leading -1" in f.fix
+
+
+def test_triton_request_shape_other_mismatch_is_a_shape_problem() -> None:
+    f = classify_line("unexpected shape for input 'x' for model 'm'. Expected [-1,3,640,640], got [1,3,384,640]")
+    assert f is not None and f.root_cause is RootCause.SHAPE_OR_RANK
+
+
+def test_image_tokens_zero_means_no_placeholder_in_the_prompt() -> None:
+    f = classify_line("ValueError: Image features and image tokens do not match, tokens: 0, features: 576")
+    assert f is not None and f.code == "LOG023" and f.root_cause is RootCause.CONFIG_INVALID
+    assert "chat template" in f.fix
+    cut = classify_line("ValueError: Image features and image tokens do not match: tokens: 500, features 576")
+    assert cut is not None and cut.root_cause is RootCause.SHAPE_OR_RANK

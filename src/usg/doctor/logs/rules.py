@@ -348,6 +348,42 @@ def _cuda_oom(m: re.Match[str]) -> Explained:
     )
 
 
+@_rule(
+    "LOG029",
+    "triton",
+    "request shape vs config shape",
+    R.SHAPE_OR_RANK,
+    r"unexpected shape for input '(?P<input>[^']+)' for model '(?P<model>[^']+)'\. Expected \[(?P<exp>[-\d, ]*)\], "
+    r"got \[(?P<got>[-\d, ]*)\]",
+    also=(R.BATCH_DIM_CONFIG,),
+)
+def _triton_shape(m: re.Match[str]) -> Explained:
+    exp = [int(x) for x in m["exp"].split(",") if x.strip()]
+    got = [int(x) for x in m["got"].split(",") if x.strip()]
+    ev = {"input": m["input"], "model": m["model"], "expected": exp, "got": got}
+    if len(exp) >= 2 and exp[0] == -1 and exp[1] == -1:
+        return Explained(
+            f"model {m['model']!r} expects two leading variable dims {exp} for {m['input']!r}: config.pbtxt dims "
+            "repeat the batch dim that max_batch_size > 0 already adds",
+            "remove the leading -1 from dims (Triton prepends the batch dim itself), or set max_batch_size: 0",
+            ev,
+            R.BATCH_DIM_CONFIG,
+        )
+    if len(exp) == len(got) + 1:
+        return Explained(
+            f"input {m['input']!r} was sent as {got} but model {m['model']!r} expects {exp}: the batch dim is missing",
+            f"send shape [1, {', '.join(map(str, got))}] (add the batch dim), or set max_batch_size: 0 and "
+            "declare the full shape",
+            ev,
+            R.BATCH_DIM_CONFIG,
+        )
+    return Explained(
+        f"input {m['input']!r} was sent as {got} but model {m['model']!r} expects {exp}",
+        "send the shape config.pbtxt declares (-1 dims are free); resize/pad on the client",
+        ev,
+    )
+
+
 from usg.doctor.logs import rules_engines  # noqa: E402,F401  (registers its rules)
 
 RULES: tuple[LogRule, ...] = rules()

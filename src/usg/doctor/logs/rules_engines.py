@@ -199,7 +199,7 @@ def _vllm_blocks(m: re.Match[str]) -> Explained:
     "transformers",
     "image tokens vs image features",
     R.VERSION_COUPLING,
-    r"Image features and image tokens do not match:? tokens:? (?P<tok>\d+),? features:? (?P<feat>\d+)",
+    r"Image features and image tokens do not match[:,]? tokens:? (?P<tok>\d+),? features:? (?P<feat>\d+)",
     also=(R.CONFIG_INVALID, R.SHAPE_OR_RANK),
 )
 def _vlm(m: re.Match[str]) -> Explained:
