@@ -89,7 +89,9 @@ def test_torch_onnx_export_log() -> None:
 def test_tensorrt_log() -> None:
     found = _read("tensorrt.log")
     codes = [f.code for f in found]
-    assert codes == ["LOG018", "LOG020", "LOG016", "LOG028", "LOG017"]
+    assert codes == ["LOG018", "LOG020", "LOG032", "LOG016", "LOG028", "LOG017"]
+    tactic = _by_code(found, "LOG032")  # "[W] Skipping tactic ... insufficient memory": a memory warning
+    assert tactic.severity is Severity.WARNING and tactic.root_cause is RootCause.MEMORY
     assert _by_code(found, "LOG017").evidence["dtype"] == "INT64"
     assert "int32" in _by_code(found, "LOG017").fix
     override = _by_code(found, "LOG020")
@@ -258,3 +260,29 @@ def test_image_tokens_zero_means_no_placeholder_in_the_prompt() -> None:
     assert "chat template" in f.fix
     cut = classify_line("ValueError: Image features and image tokens do not match: tokens: 500, features 576")
     assert cut is not None and cut.root_cause is RootCause.SHAPE_OR_RANK
+
+
+def test_ray_serve_replicas_waiting_for_resources() -> None:
+    f = classify_line(
+        "(ServeController pid=1) WARNING 2024-01-01 10:00:00,000 controller 1 -- Deployment 'Embed' in application "
+        "'app' has 2 replicas that have taken more than 30s to be scheduled. This may be due to waiting for the "
+        'cluster to auto-scale. Resources required for each replica: {"CPU": 4.0, "GPU": 1.0}, total resources '
+        'available: {"CPU": 8.0}. Use `ray status` for more details.'
+    )
+    assert f is not None and f.code == "LOG030" and f.severity is Severity.WARNING
+    assert f.evidence["deployment"] == "Embed" and '"GPU": 1.0' in f.evidence["required"]
+
+
+def test_python_backend_stub_and_tensorrt_tactics_and_bf16() -> None:
+    stub = classify_line("E0101 00:00:00.1 1 python_be.cc:2066] Stub process 'ocr_0_0' is not healthy.")
+    assert stub is not None and stub.code == "LOG031" and stub.root_cause is RootCause.ENVIRONMENT
+    tactic = classify_line("[W] [TRT] Skipping tactic 2 due to insufficient memory on requested size of 1073741824")
+    assert tactic is not None and tactic.code == "LOG032" and tactic.root_cause is RootCause.MEMORY
+    bf16 = classify_line(
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+        "Your Quadro RTX 6000 GPU has compute capability 7.5."
+    )
+    assert bf16 is not None and bf16.code == "LOG033"
+    ev = bf16.evidence
+    assert (ev["gpu"], ev["compute_capability"], ev["required"]) == ("Quadro RTX 6000", "7.5", "8.0")
+    assert "--dtype half" in bf16.fix

@@ -334,3 +334,75 @@ def _trt_aborted(m: re.Match[str]) -> Explained:
         "fix the first [E] line before them (run trtexec with --verbose if there is none)",
         {"consequence_of_earlier_error": True},
     )
+
+
+@_rule(
+    "LOG030",
+    "ray_serve",
+    "replicas cannot be scheduled",
+    R.CONFIG_INVALID,
+    r"Deployment '?\"?(?P<dep>[^'\" ]+)'?\"?.*?has (?P<n>\d+) replicas? that ha(?:ve|s) taken more than (?P<s>\d+)s "
+    r"to be scheduled.*?Resources required for each replica: (?P<need>\{[^}]*\}), (?:total )?resources available: "
+    r"(?P<have>\{[^}]*\})",
+    Severity.WARNING,
+)
+def _ray_sched(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"deployment {m['dep']!r}: {m['n']} replica(s) wait to be scheduled; each needs {m['need']} but the cluster "
+        f"offers {m['have']} (no single node may fit it)",
+        "lower ray_actor_options (num_cpus/num_gpus) per replica, add nodes of the right shape, or check that "
+        "the autoscaler has a node type that fits one replica",
+        {"deployment": m["dep"], "required": m["need"], "available": m["have"]},
+    )
+
+
+@_rule(
+    "LOG031",
+    "triton",
+    "Python backend stub died",
+    R.ENVIRONMENT,
+    r"Stub process (?:'(?P<inst>[^']+)' )?is (?:not healthy|unhealthy)|Failed to initialize stub",
+)
+def _stub(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the Python backend's stub process died or hung" + (f" ({m['inst']})" if m["inst"] else ""),
+        "give the container enough shared memory (--shm-size, or --ipc=host), keep heavy imports inside "
+        "initialize(), and read the model.py traceback above for a crash",
+        {"instance": m["inst"]},
+    )
+
+
+@_rule(
+    "LOG032",
+    "tensorrt",
+    "tactics skipped for lack of memory",
+    R.MEMORY,
+    r"(?:Some tactics do not have sufficient workspace memory|Skipping tactic \S+ due to insuff?icient memory"
+    r"|Device memory is insufficient to use tactic)",
+    Severity.WARNING,
+)
+def _tactic_mem(m: re.Match[str]) -> Explained:
+    return Explained(
+        "TensorRT skipped tactics because the workspace / free GPU memory is too small (the engine builds, "
+        "maybe slower)",
+        "raise the workspace (setMemoryPoolLimit / --memPoolSize) if memory is free, or free the GPU; keep it "
+        "below the free memory",
+        {},
+    )
+
+
+@_rule(
+    "LOG033",
+    "vllm",
+    "dtype not supported by the GPU",
+    R.ENVIRONMENT,
+    r"Bfloat16 is only supported on GPUs with compute capability of at least (?P<need>\d+(?:\.\d+)?)\.?\s*Your "
+    r"(?P<gpu>.+?) GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
+)
+def _bf16(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the {m['gpu'].strip()} (compute capability {m['have']}) has no bfloat16; the model asks for it "
+        f"(needs >= {m['need']})",
+        "serve in float16: --dtype half (vLLM) / dtype='half', or use a GPU with compute capability >= 8.0",
+        {"gpu": m["gpu"].strip(), "compute_capability": m["have"], "required": m["need"]},
+    )
