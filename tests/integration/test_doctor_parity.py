@@ -14,8 +14,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from usg.cli.doctor_parity_cmd import parity  # noqa: E402
 from usg.doctor.findings import RootCause, Severity  # noqa: E402
-from usg.doctor.parity import plan_shapes, run_parity  # noqa: E402
-from usg.doctor.parity_export import parse_dynamic_axes  # noqa: E402
+from usg.doctor.parity.export import parse_dynamic_axes  # noqa: E402
+from usg.doctor.parity.run import plan_shapes, run_parity  # noqa: E402
 from usg.errors import UsageError  # noqa: E402
 
 RES = Path(__file__).parents[1] / "resources"
@@ -182,7 +182,7 @@ def test_bad_dynamic_axes_is_usage_error() -> None:
 
 
 def test_missing_torch_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
-    from usg.doctor import parity_export
+    from usg.doctor.parity import export as parity_export
     from usg.errors import MissingDependency
 
     monkeypatch.setitem(sys.modules, "torch", None)
@@ -195,7 +195,7 @@ def test_fp64_reference_finds_the_node_that_loses_precision() -> None:
     import numpy as np
     from onnx import TensorProto, helper
 
-    from usg.doctor.parity_bisect import first_divergence_fp64
+    from usg.doctor.parity.bisection import first_divergence_fp64
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])

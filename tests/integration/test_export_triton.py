@@ -11,8 +11,8 @@ import pytest
 
 from usg.cli import main
 from usg.doctor import Severity, run_doctor
-from usg.doctor.triton_config import DTYPE_TO_ONNX
-from usg.doctor.triton_crosscheck import onnx_io
+from usg.doctor.triton.config import DTYPE_TO_ONNX
+from usg.doctor.triton.crosscheck import onnx_io
 from usg.export.triton import BLS, export_triton
 from usg.graph import Graph, GraphBuilder, load_graph
 

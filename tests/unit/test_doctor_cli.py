@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
-import click
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -77,8 +74,8 @@ def test_parse_targets() -> None:
 def test_missing_check_modules_are_skipped_but_broken_ones_raise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert runner_mod.load_check_modules(["usg.doctor.onnx_checks", "usg.doctor.not_written_yet"]) == [
-        "usg.doctor.onnx_checks"
+    assert runner_mod.load_check_modules(["usg.doctor.onnx.checks", "usg.doctor.not_written_yet"]) == [
+        "usg.doctor.onnx.checks"
     ]
     # a check module that exists but imports something missing is a real bug: it must surface
     (tmp_path / "doctor_broken_checks_for_test.py").write_text("import a_dependency_that_is_not_there\n")
@@ -160,17 +157,20 @@ def test_list_checks_documents_every_code() -> None:
     assert {"ONNX001", "ONNX011", "TRITON001", "TRITON024", "TRITON037"} <= documented
 
 
-def test_subcommand_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    @click.command()
-    @click.argument("file")
-    def logs(file: str) -> None:
-        click.echo(f"classifying {file}")
-
-    module = types.ModuleType("usg.cli.doctor_logs_cmd")
-    module.logs = logs  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "usg.cli.doctor_logs_cmd", module)
-    result = invoke("logs", "server.log")
-    assert result.exit_code == 0 and "classifying server.log" in result.output
+def test_subcommand_dispatch_runs_the_real_logs_command(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "E1203 10:00:00.000 1 model_lifecycle.cc:626] failed to load 'resnet' version 1: Invalid argument: "
+        "model 'resnet', tensor 'input': the model expects 4 dimensions (shape [-1,3,224,224]) but the model "
+        "configuration specifies 3 dimensions (shape [3,224,224])\n"
+    )
+    result = invoke("logs", str(log), "--format", "json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    assert [f["code"] for f in doc["findings"]] == ["LOG005"]
+    finding = doc["findings"][0]
+    assert finding["location"]["file"] == str(log)
+    assert (finding["evidence"]["model_rank"], finding["evidence"]["config_rank"]) == (4, 3)
 
 
 def test_missing_subcommand_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

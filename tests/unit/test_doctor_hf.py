@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from usg.doctor.findings import RootCause, Severity
-from usg.doctor.hf_coupling import check_vlm_coupling
-from usg.doctor.hf_vision import anyres_tokens, qwen2_vl_resize
+from usg.doctor.hf.coupling import check_vlm_coupling
+from usg.doctor.hf.vision import anyres_tokens, qwen2_vl_resize
 from usg.doctor.registry import checks_for
 
 HF = Path(__file__).parents[1] / "resources" / "hf"

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from usg.cli.doctor_logs_cmd import logs
 from usg.doctor.findings import RootCause, Severity, Stage
-from usg.doctor.log_rules import RULES
-from usg.doctor.logs import classify_line, classify_text
+from usg.doctor.logs.classify import classify_line, classify_text
+from usg.doctor.logs.rules import RULES
 from usg.doctor.registry import all_codes
 from usg.errors import UsageError
 
@@ -19,7 +19,8 @@ LOGS = Path(__file__).parents[1] / "resources" / "logs"
 
 
 def _read(name: str) -> list:
-    return classify_text((LOGS / name).read_text(), name)
+    """The signature rules alone (the learned layer has its own tests in test_doctor_logs_learned.py)."""
+    return classify_text((LOGS / name).read_text(), name, learned=False)
 
 
 def _by_code(findings: list, code: str):
@@ -88,7 +89,9 @@ def test_torch_onnx_export_log() -> None:
 def test_tensorrt_log() -> None:
     found = _read("tensorrt.log")
     codes = [f.code for f in found]
-    assert codes == ["LOG018", "LOG020", "LOG016", "LOG028", "LOG017"]
+    assert codes == ["LOG018", "LOG020", "LOG032", "LOG016", "LOG028", "LOG017"]
+    tactic = _by_code(found, "LOG032")  # "[W] Skipping tactic ... insufficient memory": a memory warning
+    assert tactic.severity is Severity.WARNING and tactic.root_cause is RootCause.MEMORY
     assert _by_code(found, "LOG017").evidence["dtype"] == "INT64"
     assert "int32" in _by_code(found, "LOG017").fix
     override = _by_code(found, "LOG020")
@@ -147,9 +150,10 @@ def test_profile_on_non_batch_dimension_is_dynamic_shape() -> None:
 
 def test_unknown_error_is_unclassified_not_forced() -> None:
     found = classify_text(
-        "2024-01-01 10:00:00 INFO all good\n"
+        learned=False,
+        text="2024-01-01 10:00:00 INFO all good\n"
         "2024-01-01 10:00:01 ERROR flux capacitor desynchronised (code 88)\n"
-        "2024-01-01 10:00:02 INFO 0 errors since start\n"
+        "2024-01-01 10:00:02 INFO 0 errors since start\n",
     )
     assert len(found) == 1
     assert found[0].code == "LOG000" and found[0].root_cause is RootCause.UNCLASSIFIED
@@ -163,7 +167,7 @@ def test_traceback_source_lines_are_not_matched() -> None:
         '    raise ValueError("Image features and image tokens do not match: tokens: 1, features 2")\n'
         "KeyError: 'pixel_values'\n"
     )
-    found = classify_text(text)
+    found = classify_text(text, learned=False)
     assert [f.code for f in found] == ["LOG000"]
     assert "KeyError" in found[0].message
 
@@ -204,3 +208,81 @@ def test_cli_text_keeps_bracketed_system_names() -> None:
     res = CliRunner().invoke(logs, [str(LOGS / "vllm.log")], env={"COLUMNS": "300"})
     assert res.exit_code == 1
     assert "[vllm]" in res.output and "LOG021" in res.output
+
+
+def test_binary_file_is_refused_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from usg.cli import main
+
+    blob = tmp_path / "model.onnx"
+    blob.write_bytes(b"\x08\x07\x12\x00\x00\x01binary\x00payload" * 50)
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor", "logs", str(blob)])
+    assert exc.value.code == 2
+    assert "is not a text log: it contains NUL bytes" in capsys.readouterr().err
+    undecodable = tmp_path / "latin1.log"
+    undecodable.write_bytes(bytes(range(128, 256)) * 20)
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor", "logs", str(undecodable)])
+    assert exc.value.code == 2 and "is not a UTF-8 text log" in capsys.readouterr().err
+
+
+def test_without_the_doctor_extra_unmatched_errors_say_how_to_match_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from usg.doctor.logs import classify as classify_mod
+
+    monkeypatch.setattr(classify_mod, "default_index", lambda: None)
+    [f] = classify_text("ERROR flux capacitor desynchronised")
+    assert f.code == "LOG000" and "pip install 'usg[doctor]'" in f.fix
+
+
+def test_triton_request_shape_without_batch_dim() -> None:
+    f = classify_line(
+        "InferenceServerException: unexpected shape for input 'pixels' for model 'det'. Expected [-1,3,640,640], "
+        "got [3,640,640]. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension"
+    )
+    assert f is not None and f.code == "LOG029" and f.root_cause is RootCause.BATCH_DIM_CONFIG
+    assert (f.evidence["expected"], f.evidence["got"]) == ([-1, 3, 640, 640], [3, 640, 640])
+    assert "[1, 3, 640, 640]" in f.fix
+
+
+def test_triton_config_dims_repeating_the_batch_dim() -> None:
+    f = classify_line("unexpected shape for input 'x' for model 'm'. Expected [-1,-1,224,3], got [1,224,3]")
+    assert f is not None and f.root_cause is RootCause.BATCH_DIM_CONFIG and "remove the leading -1" in f.fix
+
+
+def test_triton_request_shape_other_mismatch_is_a_shape_problem() -> None:
+    f = classify_line("unexpected shape for input 'x' for model 'm'. Expected [-1,3,640,640], got [1,3,384,640]")
+    assert f is not None and f.root_cause is RootCause.SHAPE_OR_RANK
+
+
+def test_image_tokens_zero_means_no_placeholder_in_the_prompt() -> None:
+    f = classify_line("ValueError: Image features and image tokens do not match, tokens: 0, features: 576")
+    assert f is not None and f.code == "LOG023" and f.root_cause is RootCause.CONFIG_INVALID
+    assert "chat template" in f.fix
+    cut = classify_line("ValueError: Image features and image tokens do not match: tokens: 500, features 576")
+    assert cut is not None and cut.root_cause is RootCause.SHAPE_OR_RANK
+
+
+def test_ray_serve_replicas_waiting_for_resources() -> None:
+    f = classify_line(
+        "(ServeController pid=1) WARNING 2024-01-01 10:00:00,000 controller 1 -- Deployment 'Embed' in application "
+        "'app' has 2 replicas that have taken more than 30s to be scheduled. This may be due to waiting for the "
+        'cluster to auto-scale. Resources required for each replica: {"CPU": 4.0, "GPU": 1.0}, total resources '
+        'available: {"CPU": 8.0}. Use `ray status` for more details.'
+    )
+    assert f is not None and f.code == "LOG030" and f.severity is Severity.WARNING
+    assert f.evidence["deployment"] == "Embed" and '"GPU": 1.0' in f.evidence["required"]
+
+
+def test_python_backend_stub_and_tensorrt_tactics_and_bf16() -> None:
+    stub = classify_line("E0101 00:00:00.1 1 python_be.cc:2066] Stub process 'ocr_0_0' is not healthy.")
+    assert stub is not None and stub.code == "LOG031" and stub.root_cause is RootCause.ENVIRONMENT
+    tactic = classify_line("[W] [TRT] Skipping tactic 2 due to insufficient memory on requested size of 1073741824")
+    assert tactic is not None and tactic.code == "LOG032" and tactic.root_cause is RootCause.MEMORY
+    bf16 = classify_line(
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+        "Your Quadro RTX 6000 GPU has compute capability 7.5."
+    )
+    assert bf16 is not None and bf16.code == "LOG033"
+    ev = bf16.evidence
+    assert (ev["gpu"], ev["compute_capability"], ev["required"]) == ("Quadro RTX 6000", "7.5", "8.0")
+    assert "--dtype half" in bf16.fix

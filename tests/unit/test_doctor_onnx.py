@@ -77,7 +77,7 @@ def test_unparsable_file(tmp_path: Path) -> None:
 
 
 def test_model_over_protobuf_limit_without_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from usg.doctor import onnx_checks
+    from usg.doctor.onnx import checks as onnx_checks
 
     p = save(tmp_path, relu_model(["N", 3]))
     monkeypatch.setattr(onnx_checks, "PROTOBUF_LIMIT", 16)

@@ -292,8 +292,11 @@ def test_valid_ensemble(tmp_path: Path) -> None:
 
 def test_ensemble_unknown_step_model(tmp_path: Path) -> None:
     step(tmp_path, "a")
-    f = only(triton_findings(ensemble(tmp_path, two_steps())), "TRITON031")
-    assert f.evidence == {"step": 1, "model_name": "b"}
+    findings = triton_findings(ensemble(tmp_path, two_steps()))
+    f = only(findings, "TRITON031")
+    assert f.evidence == {"step": 1, "model_name": "b", "repositories": [str(tmp_path)]}
+    # b's outputs count as produced: no "ensemble output 'RESULT' is produced by no step" cascade
+    assert [x.code for x in findings if x.code.startswith("TRITON03")] == ["TRITON031"]
 
 
 def test_ensemble_unmapped_and_unproduced(tmp_path: Path) -> None:

@@ -37,6 +37,24 @@ def render_findings(
         click.echo(text)
 
 
+def _decode(data: bytes, name: str) -> str:
+    """The log as text; a binary file (NUL bytes, or mostly undecodable) is a usage error, not "no findings"."""
+    head = data[:65536]
+    if b"\x00" in head:
+        raise UsageError(
+            f"{name} is not a text log: it contains NUL bytes (binary data, e.g. a model or an archive); "
+            "fix: give the server's or the exporter's text log (e.g. docker logs <container> > server.log)"
+        )
+    text = data.decode("utf-8", errors="replace")
+    sample = text[:65536]
+    if sample and sample.count("\ufffd") > 0.1 * len(sample):
+        raise UsageError(
+            f"{name} is not a UTF-8 text log ({sample.count(chr(0xFFFD))} undecodable characters in the first "
+            f"{len(sample)}); fix: give the text log, or convert it first (iconv -f <encoding> -t utf-8)"
+        )
+    return text
+
+
 def exit_code(findings: Sequence[Finding]) -> int:
     return 1 if any(f.severity is Severity.ERROR for f in findings) else 0
 
@@ -54,19 +72,19 @@ def logs(source: str, fmt: str, output: str | None, no_unclassified: bool) -> No
     Knows Triton, ONNX Runtime, torch.onnx export, TensorRT, vLLM and transformers messages;
     anything else that looks like an error is reported as unclassified (LOG000).
     """
-    from usg.doctor.logs import classify_text
+    from usg.doctor.logs.classify import classify_text
 
     if source == "-":
-        text, name = sys.stdin.read(), "<stdin>"
+        text, name = _decode(sys.stdin.buffer.read(), "<stdin>"), "<stdin>"
     else:
         try:
-            with open(source, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
+            with open(source, "rb") as fh:
+                data = fh.read()
         except OSError as exc:
             raise UsageError(
                 f"cannot read log file {source!r}: {exc.strerror}; fix: give a readable file or -"
             ) from exc
-        name = source
+        text, name = _decode(data, source), source
     findings = classify_text(text, name)
     if no_unclassified:
         findings = [f for f in findings if f.code != "LOG000"]

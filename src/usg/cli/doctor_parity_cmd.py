@@ -60,8 +60,8 @@ def parity(
     Reports frozen shapes (naming the node holding the constant), numeric drift (naming the
     first diverging module/node) and classified exporter failures.
     """
-    from usg.doctor.parity import run_parity
-    from usg.doctor.parity_export import parse_dynamic_axes
+    from usg.doctor.parity.export import parse_dynamic_axes
+    from usg.doctor.parity.run import run_parity
 
     if onnx_path is not None and not onnx_path.is_file():
         raise UsageError(f"--onnx {str(onnx_path)!r} does not exist; fix: give an existing .onnx file")

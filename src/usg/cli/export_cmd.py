@@ -79,7 +79,7 @@ def triton(graph: Path, out_dir: Path, link: bool, onnx_via: str, force: bool) -
 
     from usg.cli.common import load_graph_for_cli
     from usg.doctor import Severity, run_doctor
-    from usg.doctor.render_text import summary_line
+    from usg.doctor.render.text import summary_line
     from usg.export.triton import ENSEMBLE, export_triton
 
     g = load_graph_for_cli(graph)

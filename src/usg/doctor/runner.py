@@ -21,7 +21,7 @@ from typing import Any
 
 from usg.doctor.detect import Target, detect_targets
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
-from usg.doctor.registry import CodeInfo, checks_for, register_codes
+from usg.doctor.registry import CodeInfo, checks_for, finding, register_codes
 from usg.errors import UsageError
 
 __all__ = [
@@ -37,24 +37,24 @@ __all__ = [
 
 # Modules that register checks, imported by name; missing ones are skipped.
 CHECK_MODULES: tuple[str, ...] = (
-    "usg.doctor.onnx_checks",
-    "usg.doctor.onnx_semantics",
-    "usg.doctor.onnx_runtime_compat",
-    "usg.doctor.triton_checks",
-    "usg.doctor.triton_crosscheck",
-    "usg.doctor.triton_ensemble",
-    "usg.doctor.graph_checks",
-    "usg.doctor.pad_safety",
-    "usg.doctor.hf_coupling",
+    "usg.doctor.onnx.checks",
+    "usg.doctor.onnx.semantics",
+    "usg.doctor.onnx.runtime_compat",
+    "usg.doctor.triton.checks",
+    "usg.doctor.triton.crosscheck",
+    "usg.doctor.triton.ensemble",
+    "usg.doctor.graph.checks",
+    "usg.doctor.graph.pad_safety",
+    "usg.doctor.hf.coupling",
 )
 
 # Modules that only document codes they emit outside path checks (log rules, parity runs).
-CODE_DOC_MODULES: tuple[str, ...] = ("usg.doctor.logs", "usg.doctor.parity")
+CODE_DOC_MODULES: tuple[str, ...] = ("usg.doctor.logs.classify", "usg.doctor.parity.run")
 
 # target kind -> "module:function" that turns a path into the subject the checks read.
 _LOADERS: dict[str, str] = {
-    "onnx": "usg.doctor.onnx_checks:load_onnx",
-    "triton_model": "usg.doctor.triton_config:load_triton_model",
+    "onnx": "usg.doctor.onnx.checks:load_onnx",
+    "triton_model": "usg.doctor.triton.config:load_triton_model",
 }
 
 _TARGET_ALIASES = {"ort": "ort", "onnxruntime": "ort", "tensorrt": "tensorrt", "trt": "tensorrt"}
@@ -77,6 +77,7 @@ class CheckContext:
     targets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     dry_run: bool = False
     cache: dict[Any, Any] = field(default_factory=dict)
+    model_repositories: tuple[Path, ...] = ()  # every Triton repository of the run (ensemble steps resolve across them)
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         if key not in self.cache:
@@ -160,12 +161,10 @@ def _call(func: Callable[..., Iterable[Finding]], subject: Any, ctx: CheckContex
 
 
 def _crash_finding(target: Target, check_name: str, exc: BaseException) -> Finding:
-    return Finding(
-        code=INTERNAL.code,
-        severity=INTERNAL.severity,
-        root_cause=INTERNAL.root_cause,
+    return finding(
+        INTERNAL,
         message=f"check {check_name} crashed on this {target.kind}: {type(exc).__name__}: {exc}",
-        location=Location(str(target.path)),
+        where=Location(str(target.path)),
         fix="report this with the file attached; the other checks' findings are still valid",
         evidence={"check": check_name, "exception": f"{type(exc).__name__}: {exc}"},
         stage=Stage.STATIC,
@@ -203,7 +202,8 @@ def run_doctor(
             if key not in seen:
                 seen.add(key)
                 found.append(t)
-    ctx = CheckContext(targets=parsed, dry_run=dry_run)
+    repos = dict.fromkeys(t.path.resolve().parent for t in found if t.kind == "triton_model")
+    ctx = CheckContext(targets=parsed, dry_run=dry_run, model_repositories=tuple(repos))
     findings: list[Finding] = []
     for i, target in enumerate(found):
         if progress is not None:

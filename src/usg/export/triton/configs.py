@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from usg.doctor.triton_config import model_config_pb2
+from usg.doctor.triton.config import model_config_pb2
 from usg.errors import GraphError, GraphProblem
 from usg.export.triton.tensors import ModelWires, TritonTensor, batchable, declare
 from usg.graph import Graph, ModelDef

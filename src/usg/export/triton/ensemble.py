@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from usg.doctor.triton_config import model_config_pb2
+from usg.doctor.triton.config import model_config_pb2
 from usg.export.triton.configs import Batching, instances_for, make_config
 from usg.export.triton.plan import ExportPlan, real_port
 from usg.export.triton.tensors import TritonTensor, declare

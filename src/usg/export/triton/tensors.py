@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from usg.doctor.triton_config import DTYPE_TO_ONNX
-from usg.doctor.triton_crosscheck import OnnxTensor
+from usg.doctor.triton.config import DTYPE_TO_ONNX
+from usg.doctor.triton.crosscheck import OnnxTensor
 from usg.export.triton.wire import triton_dtype
 from usg.specs import TensorSpec
 
@@ -88,7 +88,7 @@ def onnx_wires(path: Path) -> ModelWires:
     """Inputs and outputs of an ONNX file as Triton sees them (the doctor's reading of the file)."""
     import onnx
 
-    from usg.doctor.triton_crosscheck import onnx_io
+    from usg.doctor.triton.crosscheck import onnx_io
 
     ins, outs = onnx_io(onnx.load(str(path), load_external_data=False))
 

@@ -1,0 +1,308 @@
+"""``usg doctor logs``: find the error lines in a log and classify each into a root cause.
+
+How a log is read:
+
+1. A Python traceback (``Traceback (most recent call last):`` … frames …) is one event: only
+   its final exception line (plus the lines that continue that message) is classified, once.
+   Frames and source lines inside it are never matched on their own.
+2. Every other line is matched against the rules of :mod:`usg.doctor.logs.rules`; a rule may read
+   the next few lines for values (ONNX Runtime writes ``index: 0 Got: 32 Expected: 1`` below).
+3. A line no rule matches but that looks like an error (``ERROR``, ``[E]``, glog ``E0412``,
+   ``…Error:``/``Exception:``, ``failed``) becomes ``LOG000`` — unclassified, never forced into
+   a class.
+4. Such a line is then matched against the labelled corpus of real user reports
+   (:mod:`usg.doctor.logs.similar`): if it is close enough to known cases it becomes ``LOG050``
+   with the voted class, a confidence, the evidence its causal line states and the nearest cases'
+   URLs; otherwise it stays ``LOG000``. Rule findings carry the nearest cases too.
+5. The same code with the same values seen again is merged into one finding with a count.
+6. :func:`root_error` picks the first root error of a long log (the first classified error that is
+   not a generic cascade line such as "failed to load all models"); it is marked ``root_error``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.logs.rules import RULES, LogRule, codes
+from usg.doctor.registry import CodeInfo, finding, register_codes
+
+if TYPE_CHECKING:
+    from usg.doctor.logs.similar import CaseIndex
+
+__all__ = ["LEARNED", "classify_line", "classify_text", "default_index", "root_error"]
+
+LEARNED = CodeInfo(
+    "LOG050",
+    Severity.ERROR,
+    RootCause.UNCLASSIFIED,
+    "error matched to known cases",
+    "no rule knows the message, but it is close to labelled real-world reports; the class is their "
+    "similarity-weighted vote, with a confidence and the nearest cases' URLs",
+    also_severities=(Severity.WARNING,),
+    also_root_causes=tuple(c for c in RootCause if c is not RootCause.UNCLASSIFIED),
+)
+register_codes([*codes(), LEARNED])
+RULE_CONFIDENCE = 0.95
+
+_FIXES: dict[RootCause, str] = {
+    RootCause.DTYPE_OR_RANGE: "send (or declare) the dtype the model takes; cast on the client or re-export with it",
+    RootCause.SHAPE_OR_RANK: "send the shape/length the model declares (resize, pad, or truncate on the client)",
+    RootCause.BATCH_DIM_CONFIG: "make the batch dim agree: with max_batch_size > 0 leave it out of dims, and "
+    "build engines whose profile covers the batch",
+    RootCause.DYNAMIC_SHAPE_FIXED: "keep the axis dynamic: export with dynamic axes/shapes, build an optimization "
+    "profile covering the sizes, avoid Python ints of tensor sizes in forward",
+    RootCause.UNSUPPORTED_OP: "the op/architecture is not implemented by this runtime: raise the opset, upgrade the "
+    "runtime, register a plugin/custom op, or rewrite the op",
+    RootCause.OP_SEMANTIC_DRIFT: "compare the op's attributes between frameworks and re-export with matching ones",
+    RootCause.MEMORY: "lower the memory the engine reserves (max length, batch, KV-cache fraction, workspace) or "
+    "free the GPU from other processes",
+    RootCause.VERSION_COUPLING: "align versions: the artifact was produced by a newer/older tool than the one "
+    "loading it (upgrade the runtime or re-export for it)",
+    RootCause.CONFIG_INVALID: "fix the configuration the message names (paths, names, dims, limits)",
+    RootCause.ENVIRONMENT: "fix the environment: install the missing library/backend, match CUDA/driver versions, "
+    "or give the process the resources (shared memory, GPU) it needs",
+}
+_CASCADE = re.compile(
+    r"failed to load all models|ShardCannotStart|Shutting down|WebserverFailed|Engine core initiali[sz]ation failed|"
+    r"core dumped|Error executing method|might cause deadlock|exited unexpectedly|see (?:the )?(?:above|previous)|"
+    r"Webserver Crashed|terminate called",
+    re.IGNORECASE,
+)
+
+_LOOKAHEAD = 4
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
+_FRAME = re.compile(r"^\s+(File \"|\S)|^\s*$|^\s*\^+\s*$|^\s*~+")
+_CHAIN = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
+_ERRORISH = re.compile(
+    r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\bE\d{4} |\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception): "
+    r"|"
+    r"\bfailed\b|\bFAILED\b|\bcannot\b|\bcould not\b|\bnot supported\b|\bunsupported\b|\bout of memory\b)",
+    re.IGNORECASE,
+)
+_NOT_ERROR = re.compile(r"\b(0 errors?|no errors?|without errors?|error_count=0|errors?: 0)\b", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_WARNISH = re.compile(r"\[W\]|\b[A-Z]\w*Warning\b")  # engine warnings: TracerWarning, UserWarning, [TRT] [W]
+LEARNED_ONLY_SIMILARITY = 0.3  # a line no error marker flags needs a closer known case
+# wording of problems that are not always flagged as errors (a warning, a bare message): known cases decide
+_PROBLEMISH = re.compile(
+    r"invalid|mismatch|expected|unexpected|exceed|larger than|longer than|insufficient|incompatible|not enough|"
+    r"no available|unable|undefined symbol|does not|cannot|could not|not found|killed",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class _Event:
+    line_no: int
+    head: str
+    window: str
+    in_traceback: bool
+
+
+def _events(lines: list[str]) -> Iterable[_Event]:
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        tb = _TRACEBACK.search(line)
+        if tb:
+            prefix = line[: tb.start()]  # e.g. "[rank0]: " put before every line by a launcher
+
+            def strip(text: str, prefix: str = prefix) -> str:
+                return text[len(prefix) :] if prefix and text.startswith(prefix) else text
+
+            j = i + 1
+            while j < n and (
+                _FRAME.match(strip(lines[j])) or _TRACEBACK.search(lines[j]) or _CHAIN.match(strip(lines[j]))
+            ):
+                j += 1
+            if j < n:
+                # the final exception line, plus continuation lines of its message
+                k = j + 1
+                while k < n and k - j <= _LOOKAHEAD and lines[k].strip() and not _looks_like_new_record(lines[k]):
+                    k += 1
+                yield _Event(j + 1, strip(lines[j]), "\n".join(strip(x) for x in lines[j:k]), True)
+                i = k
+                continue
+            i = j
+            continue
+        if (
+            i + 1 < n and _TRACEBACK.search(lines[i + 1]) and not any(_match(r, line, line) for r in RULES)
+        ):  # "ERROR ... inference failed" announcing the traceback below: the traceback says what failed
+            i += 1
+            continue
+        yield _Event(i + 1, line, "\n".join(lines[i : i + 1 + _LOOKAHEAD]), False)
+        i += 1
+
+
+def _looks_like_new_record(line: str) -> bool:
+    return bool(re.match(r"^(\d{4}-\d\d-\d\d|\[?\d\d[:/]\d\d|[IWEF]\d{4} |INFO|WARNING|ERROR|DEBUG|\[)", line))
+
+
+def _match(rule: LogRule, head: str, window: str) -> re.Match[str] | None:
+    m = rule.pattern.search(window)
+    if m is None or m.start() >= len(head):
+        return None
+    return m
+
+
+def classify_line(
+    text: str, source: str = "<log>", line_no: int | None = None, *, index: CaseIndex | None = None
+) -> Finding | None:
+    """Classify one error message (which may span a few lines); None if it is not an error."""
+    head = text.splitlines()[0] if text else ""
+    return _classify(_Event(line_no or 1, head, text, False), source, index)
+
+
+@cache
+def default_index() -> CaseIndex | None:
+    """The index over the packaged corpus; None when scikit-learn (``usg[doctor]``) is not installed."""
+    from usg.doctor.logs.similar import CaseIndex
+    from usg.errors import MissingDependency
+
+    try:
+        return CaseIndex.default()
+    except MissingDependency:
+        return None
+
+
+def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | None:
+    head = _ANSI.sub("", ev.head)
+    window = _ANSI.sub("", ev.window)
+    for rule in RULES:
+        m = _match(rule, head, window)
+        if m is None:
+            continue
+        ex = rule.explain(m)
+        evidence = {k: v for k, v in ex.evidence.items() if v is not None}
+        evidence["line_text"] = head.strip()[:400]
+        evidence["confidence"] = RULE_CONFIDENCE
+        if index is not None:
+            evidence["similar_cases"] = [n.to_dict() for n in index.nearest(window, 3)]
+        return finding(
+            rule.code,
+            f"[{rule.system}] {ex.message}",
+            Location(source, element=rule.system, line=ev.line_no),
+            ex.fix,
+            evidence,
+            stage=Stage.LOGS,
+            severity=ex.severity or rule.severity,
+            root_cause=ex.root_cause or rule.root_cause,
+        )
+    if not head.strip() or _NOT_ERROR.search(head):
+        return None
+    if ev.in_traceback or _ERRORISH.search(head):
+        return _unmatched(ev, head, window, source, index)
+    if index is not None and (_WARNISH.search(head) or _PROBLEMISH.search(head)):
+        return _learned_only(ev, head, window, source, index)
+    return None
+
+
+def _learned_only(ev: _Event, head: str, window: str, source: str, index: CaseIndex) -> Finding | None:
+    """A warning or a bare problem statement: reported only when known cases recognise it."""
+    f = _unmatched(ev, head, window, source, index)
+    near = f.evidence.get("similar_cases") or [{}]
+    if f.code != LEARNED.code or near[0].get("similarity", 0) < LEARNED_ONLY_SIMILARITY:
+        return None
+    if _WARNISH.search(head):  # an engine warning stays a warning, whatever its class
+        return replace(f, severity=Severity.WARNING)
+    return f
+
+
+def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex | None) -> Finding:
+    """An error line no rule knows: the learned layer's class if known cases are close, else LOG000."""
+    ev_head: dict[str, Any] = {"line_text": head.strip()[:400]}
+    hint = "" if index is not None else " (pip install 'usg[doctor]' to match it against known real-world cases)"
+    if index is not None:
+        from usg.doctor.logs.similar import causal_line, message_evidence
+
+        pred = index.predict(window)
+        near = [n.to_dict() for n in pred.neighbours]
+        if pred.root_cause is not None:
+            line = causal_line(window) or head.strip()
+            best = pred.neighbours[0]
+            return finding(
+                LEARNED,
+                f"{line[:300]} — like {len(pred.neighbours)} known case(s) of {pred.root_cause.value} "
+                f"(confidence {pred.confidence:.2f}; nearest: {best.case.url})",
+                Location(source, line=ev.line_no),
+                f"{_FIXES.get(pred.root_cause, 'see the nearest known cases')}; the nearest known case was "
+                f"resolved by: {best.case.resolution}",
+                {**ev_head, **message_evidence(line), "confidence": pred.confidence, "similar_cases": near},
+                stage=Stage.LOGS,
+                root_cause=pred.root_cause,
+            )
+        ev_head.update(confidence=pred.confidence, similar_cases=near)
+    return finding(
+        "LOG000",
+        f"unclassified error: {head.strip()[:300]}",
+        Location(source, line=ev.line_no),
+        "no rule or known case matches this message; read the surrounding log lines (and report the message to "
+        "extend the rules)" + hint,
+        ev_head,
+        stage=Stage.LOGS,
+    )
+
+
+def root_error(findings: Iterable[Finding]) -> Finding | None:
+    """The first root error: the earliest classified error that is not a generic cascade line.
+
+    Errors come before warnings (a warning is the root only in a log without errors); without a
+    classified one, the earliest unclassified error; None for a log without problems.
+    """
+    ranked = sorted(findings, key=lambda f: (f.severity is not Severity.ERROR, f.location.line or 0))
+    errors = [f for f in ranked if f.severity in (Severity.ERROR, Severity.WARNING)]
+    for f in errors:
+        cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(str(f.evidence.get("line_text", "")))
+        if f.code != "LOG000" and not cascade:
+            return f
+    return errors[0] if errors else None
+
+
+def classify_text(
+    text: str, source: str = "<log>", *, index: CaseIndex | None = None, learned: bool = True
+) -> list[Finding]:
+    """Every classified error of a log, in order of first appearance, repeats merged (``evidence.count``).
+
+    ``index`` is the labelled-case index of the learned layer (default: the packaged corpus);
+    ``learned=False`` keeps the signature rules only. The root error is marked ``evidence.root_error``.
+    """
+    idx = (index or default_index()) if learned else None
+    lines = text.splitlines()
+    merged: dict[tuple[str, str], Finding] = {}
+    counts: dict[tuple[str, str], list[int]] = {}
+    for ev in _events(lines):
+        f = _classify(ev, source, idx)
+        if f is None:
+            continue
+        values = {k: v for k, v in f.evidence.items() if k not in ("line_text", "similar_cases", "confidence")}
+        key = (f.code, repr(sorted(values.items())) if values else f.evidence.get("line_text", ""))
+        if f.code in ("LOG000", LEARNED.code):
+            key = (f.code, _normalise(f.evidence["line_text"]))
+        if key in merged:
+            counts[key].append(ev.line_no)
+            continue
+        merged[key] = f
+        counts[key] = [ev.line_no]
+    out: list[Finding] = []
+    for key, f in merged.items():
+        if len(counts[key]) > 1:
+            f = replace(
+                f,
+                message=f.message + f" (seen {len(counts[key])} times)",
+                evidence={**f.evidence, "count": len(counts[key]), "lines": counts[key][:20]},
+            )
+        out.append(f)
+    root = root_error(out)
+    return [replace(f, evidence={**f.evidence, "root_error": True}) if f is root else f for f in out]
+
+
+def _normalise(line: str) -> str:
+    """Drop timestamps, pids and addresses so repeats of one message merge."""
+    line = re.sub(r"^\S*\d{2}:\d{2}:\d{2}[\d.,]*\S*\s*", "", line)
+    line = re.sub(r"0x[0-9a-f]+|\b\d+\b", "#", line, flags=re.IGNORECASE)
+    return line.strip()

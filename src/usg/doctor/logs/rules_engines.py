@@ -1,0 +1,408 @@
+"""Log rules for exporters and engines: torch.onnx, TensorRT, vLLM, transformers, CUDA set-up.
+
+Registered into :data:`usg.doctor.logs.rules.RULES` on import (after the runtime rules).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from usg.doctor.findings import Severity
+from usg.doctor.logs.rule_base import Explained, R, _rule
+
+__all__: list[str] = []
+
+
+@_rule(
+    "LOG013",
+    "torch.onnx",
+    "operator not supported at opset",
+    R.UNSUPPORTED_OP,
+    r"Exporting the operator '?(?P<op>[\w:.]+)'? to ONNX opset version (?P<opset>\d+) is not supported"
+    r"(?:\.\s*Support for this operator was added in version (?P<added>\d+))?",
+)
+def _onnx_op(m: re.Match[str]) -> Explained:
+    ev: dict[str, Any] = {"operator": m["op"], "opset": int(m["opset"])}
+    if m["added"]:
+        ev["opset_with_support"] = int(m["added"])
+        return Explained(
+            f"{m['op']} cannot be exported at opset {m['opset']}; it is supported from opset {m['added']}",
+            f"export with opset_version={m['added']} (or newer) — check your runtime supports that opset",
+            ev,
+        )
+    return Explained(
+        f"{m['op']} has no ONNX symbolic at opset {m['opset']} in the legacy exporter",
+        "export with the dynamo exporter (torch.onnx.export(..., dynamo=True)), register a custom symbolic, "
+        "or replace the call",
+        ev,
+    )
+
+
+@_rule(
+    "LOG014",
+    "torch.onnx",
+    "trace froze a value",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"TracerWarning: (?P<what>Converting a tensor to a Python (?:integer|index|boolean|float)|torch\.tensor "
+    r"results are registered as constants"
+    r"|Iterating over a tensor)",
+    Severity.WARNING,
+)
+def _tracer(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the tracer recorded a value as a constant ({m['what']}): the exported graph is frozen at the export shape",
+        "keep sizes as tensors (x.shape[0] without int()/len()), then run `usg doctor parity` at other batch/seq sizes",
+        {"warning": m["what"]},
+    )
+
+
+@_rule(
+    "LOG015",
+    "torch.onnx",
+    "dynamo exporter: no ONNX function",
+    R.UNSUPPORTED_OP,
+    r"No (?:ONNX function|decompositions?) (?:found|registered) for (?:<OpOverload\(op=')?(?P<op>[\w.:]+)",
+)
+def _dynamo_op(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the dynamo exporter has no ONNX translation for {m['op']}",
+        "pass custom_translation_table={...} with an onnxscript function, or export with dynamo=False",
+        {"operator": m["op"]},
+    )
+
+
+@_rule(
+    "LOG016",
+    "tensorrt",
+    "no implementation for node",
+    R.UNSUPPORTED_OP,
+    r"Could not find any implementation for node (?P<node>.+?)(?:\.\)|\)|, try|$)",
+    also=(R.MEMORY,),
+)
+def _trt_impl(m: re.Match[str]) -> Explained:
+    node = m["node"].strip()
+    ws = "workspace" in m.string.lower() or "insufficient" in m.string.lower()
+    return Explained(
+        f"TensorRT found no tactic for {node}" + (" within the workspace limit" if ws else ""),
+        "raise the builder workspace (trtexec --memPoolSize=workspace:4096M / config.set_memory_pool_limit); "
+        "if that does not help, the layer's precision/shape is unsupported: build without --fp16/--int8 for "
+        "that layer or upgrade TensorRT",
+        {"node": node, "workspace_hint": ws},
+        R.MEMORY if ws else None,
+    )
+
+
+@_rule(
+    "LOG017",
+    "tensorrt",
+    "unsupported ONNX data type",
+    R.DTYPE_OR_RANGE,
+    r"Unsupported ONNX data type: (?P<dtype>\w+)(?: \((?P<code>\d+)\))?",
+)
+def _trt_dtype(m: re.Match[str]) -> Explained:
+    dt = m["dtype"].upper()
+    fix = (
+        "cast the input to int32 in the exporter (TensorRT < 10 has no INT64 inputs) and send int32"
+        if dt == "INT64"
+        else f"cast {dt} tensors to a TensorRT type (float32/float16/int32) before export"
+    )
+    return Explained(f"the TensorRT ONNX parser does not support {dt} tensors", fix, {"dtype": dt})
+
+
+@_rule(
+    "LOG018",
+    "tensorrt",
+    "INT64 weights cast down",
+    R.DTYPE_OR_RANGE,
+    r"Your ONNX model has been generated with INT64 weights, while TensorRT does not natively support INT64",
+    Severity.WARNING,
+)
+def _trt_int64(m: re.Match[str]) -> Explained:
+    return Explained(
+        "TensorRT casts INT64 weights to INT32; values above 2^31 (e.g. INT64_MAX in Slice ends) are clamped",
+        "usually harmless; if outputs differ, fold constants (polygraphy surgeon sanitize --fold-constants) "
+        "or export int32 indices",
+        {},
+    )
+
+
+@_rule(
+    "LOG019",
+    "tensorrt",
+    "no importer for op",
+    R.UNSUPPORTED_OP,
+    r"(?:No importer registered for op: (?P<op>\w+)|getPluginCreator could not find plugin:? "
+    r"(?P<plugin>\w+))",
+)
+def _trt_op(m: re.Match[str]) -> Explained:
+    op = m["op"] or m["plugin"]
+    return Explained(
+        f"the TensorRT ONNX parser cannot import op {op}",
+        "upgrade TensorRT, export with an opset whose form of the op TensorRT supports, or provide a plugin",
+        {"op": op},
+    )
+
+
+@_rule(
+    "LOG020",
+    "tensorrt",
+    "shapes not provided for dynamic input",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"Dynamic dimensions required for input: (?P<input>\S+?),? but no shapes were provided\. Automatically "
+    r"overriding shape to: (?P<shape>[\dx]+)",
+    Severity.WARNING,
+    also=(R.BATCH_DIM_CONFIG,),
+)
+def _trt_override(m: re.Match[str]) -> Explained:
+    shape = m["shape"]
+    return Explained(
+        f"trtexec built the engine for input {m['input']!r} at the single shape {shape}: the engine is not dynamic",
+        f"pass --minShapes/--optShapes/--maxShapes for {m['input']} (e.g. batch 1..N) when building",
+        {"input": m["input"], "shape": shape},
+        R.BATCH_DIM_CONFIG if shape.startswith("1x") else None,
+    )
+
+
+@_rule(
+    "LOG021",
+    "vllm",
+    "max seq len exceeds KV cache",
+    R.MEMORY,
+    r"max seq len \((?P<seq>\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+    r"cache \((?P<kv>\d+)\)",
+)
+def _vllm_kv(m: re.Match[str]) -> Explained:
+    seq, kv = int(m["seq"]), int(m["kv"])
+    return Explained(
+        f"max_model_len {seq} needs more KV cache than fits: only {kv} tokens fit ({kv / seq:.0%} of one "
+        "full sequence)",
+        f"set max_model_len <= {kv}, raise gpu_memory_utilization, use a quantised KV cache "
+        "(kv_cache_dtype=fp8) "
+        "or more tensor parallelism",
+        {"max_seq_len": seq, "kv_cache_tokens": kv},
+    )
+
+
+@_rule("LOG022", "vllm", "no memory for cache blocks", R.MEMORY, r"No available memory for the cache blocks")
+def _vllm_blocks(m: re.Match[str]) -> Explained:
+    return Explained(
+        "after loading the weights and profiling activations no GPU memory is left for the KV cache",
+        "raise gpu_memory_utilization, lower max_num_seqs / max_num_batched_tokens / max_model_len, "
+        "or use a smaller/quantised model (check `usg plan`)",
+        {},
+    )
+
+
+@_rule(
+    "LOG023",
+    "transformers",
+    "image tokens vs image features",
+    R.VERSION_COUPLING,
+    r"Image features and image tokens do not match[:,]? tokens:? (?P<tok>\d+),? features:? (?P<feat>\d+)",
+    also=(R.CONFIG_INVALID, R.SHAPE_OR_RANK),
+)
+def _vlm(m: re.Match[str]) -> Explained:
+    tok, feat = int(m["tok"]), int(m["feat"])
+    ev = {"image_tokens": tok, "image_features": feat, "difference": tok - feat}
+    if tok == 0 and feat:
+        return Explained(
+            f"the prompt has no image token but the vision tower produced {feat} features: the prompt was built "
+            "without the image placeholder",
+            "build the prompt with the processor's chat template (apply_chat_template) or put the model's image "
+            "token (e.g. <image>) in the text for every image",
+            ev,
+            R.CONFIG_INVALID,
+        )
+    if tok - feat == 1:
+        why, fix = (
+            "one more token than features: the processor counts a CLS token the tower does not emit "
+            "(SigLIP has no CLS) or the strategy drops one",
+            "num_additional_image_tokens=0 and vision_feature_select_strategy='full' for SigLIP towers; "
+            "check with `usg doctor <model dir>`",
+        )
+    elif feat - tok == 1:
+        why, fix = (
+            "one more feature than tokens: the CLS token is kept by the model but not counted by the processor",
+            "set num_additional_image_tokens=1 (CLIP) or vision_feature_select_strategy='default' consistently",
+        )
+    elif feat and tok and tok < feat:
+        return Explained(
+            f"the prompt has {tok} image tokens but the vision tower produced {feat} features: fewer tokens than "
+            "features: the prompt was truncated (max_length) or the processor uses another image size",
+            "do not truncate prompts with images (truncation=False / larger max_length); align the processor's size",
+            ev,
+            R.SHAPE_OR_RANK,
+        )
+    else:
+        why, fix = (
+            "the processor and the model compute different token counts per image",
+            "use the processor saved with this model; compare patch_size / image size / merge size",
+        )
+    return Explained(f"the prompt has {tok} image tokens but the vision tower produced {feat} features: {why}", fix, ev)
+
+
+@_rule(
+    "LOG024",
+    "transformers",
+    "sequence longer than model max",
+    R.SHAPE_OR_RANK,
+    r"Token indices sequence length is longer than the specified maximum sequence length for this model "
+    r"\((?P<got>\d+) > (?P<max>\d+)\)",
+    Severity.WARNING,
+)
+def _hf_len(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"a tokenized input has {m['got']} tokens but the model accepts {m['max']}: running it will index "
+        "past the position embeddings",
+        f"tokenize with truncation=True, max_length={m['max']} (or chunk the text)",
+        {"tokens": int(m["got"]), "max_length": int(m["max"])},
+    )
+
+
+@_rule(
+    "LOG025",
+    "vllm",
+    "prompt longer than max model length",
+    R.SHAPE_OR_RANK,
+    r"(?:decoder )?prompt \(length (?P<got>\d+)\) is longer than the maximum model length of (?P<max>\d+)",
+)
+def _vllm_len(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the prompt has {m['got']} tokens but max_model_len is {m['max']}",
+        "truncate/shorten the prompt on the client or raise max_model_len (if the KV cache allows)",
+        {"prompt_tokens": int(m["got"]), "max_model_len": int(m["max"])},
+    )
+
+
+@_rule(
+    "LOG026",
+    "pytorch",
+    "input/weight dtype mismatch",
+    R.DTYPE_OR_RANGE,
+    r"(?:Input type \((?P<inp>[\w.]+)\) and weight type \((?P<w>[\w.]+)\) should be the same"
+    r"|expected (?:scalar type|m1 and m2 to have the same dtype, but got:?) (?P<a>\w+)(?: but found| !=) "
+    r"(?P<b>\w+))",
+)
+def _torch_dtype(m: re.Match[str]) -> Explained:
+    a, b = m["inp"] or m["a"], m["w"] or m["b"]
+    return Explained(
+        f"a tensor of type {a} meets weights/tensors of type {b}",
+        "cast inputs to the model's dtype/device (x.to(model.dtype).to(model.device)) or load the model in "
+        "the input's dtype",
+        {"input_type": a, "weight_type": b},
+    )
+
+
+@_rule(
+    "LOG027",
+    "cuda",
+    "driver/runtime or library mismatch",
+    R.ENVIRONMENT,
+    r"(?:CUDA driver version is insufficient for CUDA runtime version"
+    r"|(?P<lib>lib(?:cudnn|cublas\w*|cudart|nvinfer\w*|cufft)\.so[.\d]*): cannot open shared object file"
+    r"|CUDAExecutionProvider is not in available provider names)",
+)
+def _cuda_env(m: re.Match[str]) -> Explained:
+    lib = m["lib"]
+    return Explained(
+        f"the CUDA environment does not match the binaries: {m.group(0)}",
+        (
+            f"install the CUDA/cuDNN version your onnxruntime-gpu/torch wheel was built for so {lib} is "
+            "found "
+            "(LD_LIBRARY_PATH), or pick the wheel matching your CUDA"
+        )
+        if lib
+        else "update the NVIDIA driver or install a build for the installed CUDA version; "
+        "for ORT install onnxruntime-gpu",
+        {"library": lib} if lib else {},
+    )
+
+
+@_rule(
+    "LOG028",
+    "tensorrt",
+    "engine build aborted (consequence)",
+    R.UNCLASSIFIED,
+    r"(?:Engine could not be created from network|Building engine failed|Engine set up failed"
+    r"|Assertion enginePtr != nullptr failed|&&&& FAILED TensorRT)",
+    Severity.WARNING,
+)
+def _trt_aborted(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the TensorRT build stopped; these lines follow from an earlier error, not a cause of their own",
+        "fix the first [E] line before them (run trtexec with --verbose if there is none)",
+        {"consequence_of_earlier_error": True},
+    )
+
+
+@_rule(
+    "LOG030",
+    "ray_serve",
+    "replicas cannot be scheduled",
+    R.CONFIG_INVALID,
+    r"Deployment '?\"?(?P<dep>[^'\" ]+)'?\"?.*?has (?P<n>\d+) replicas? that ha(?:ve|s) taken more than (?P<s>\d+)s "
+    r"to be scheduled.*?Resources required for each replica: (?P<need>\{[^}]*\}), (?:total )?resources available: "
+    r"(?P<have>\{[^}]*\})",
+    Severity.WARNING,
+)
+def _ray_sched(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"deployment {m['dep']!r}: {m['n']} replica(s) wait to be scheduled; each needs {m['need']} but the cluster "
+        f"offers {m['have']} (no single node may fit it)",
+        "lower ray_actor_options (num_cpus/num_gpus) per replica, add nodes of the right shape, or check that "
+        "the autoscaler has a node type that fits one replica",
+        {"deployment": m["dep"], "required": m["need"], "available": m["have"]},
+    )
+
+
+@_rule(
+    "LOG031",
+    "triton",
+    "Python backend stub died",
+    R.ENVIRONMENT,
+    r"Stub process (?:'(?P<inst>[^']+)' )?is (?:not healthy|unhealthy)|Failed to initialize stub",
+)
+def _stub(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the Python backend's stub process died or hung" + (f" ({m['inst']})" if m["inst"] else ""),
+        "give the container enough shared memory (--shm-size, or --ipc=host), keep heavy imports inside "
+        "initialize(), and read the model.py traceback above for a crash",
+        {"instance": m["inst"]},
+    )
+
+
+@_rule(
+    "LOG032",
+    "tensorrt",
+    "tactics skipped for lack of memory",
+    R.MEMORY,
+    r"(?:Some tactics do not have sufficient workspace memory|Skipping tactic \S+ due to insuff?icient memory"
+    r"|Device memory is insufficient to use tactic)",
+    Severity.WARNING,
+)
+def _tactic_mem(m: re.Match[str]) -> Explained:
+    return Explained(
+        "TensorRT skipped tactics because the workspace / free GPU memory is too small (the engine builds, "
+        "maybe slower)",
+        "raise the workspace (setMemoryPoolLimit / --memPoolSize) if memory is free, or free the GPU; keep it "
+        "below the free memory",
+        {},
+    )
+
+
+@_rule(
+    "LOG033",
+    "vllm",
+    "dtype not supported by the GPU",
+    R.ENVIRONMENT,
+    r"Bfloat16 is only supported on GPUs with compute capability of at least (?P<need>\d+(?:\.\d+)?)\.?\s*Your "
+    r"(?P<gpu>.+?) GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
+)
+def _bf16(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the {m['gpu'].strip()} (compute capability {m['have']}) has no bfloat16; the model asks for it "
+        f"(needs >= {m['need']})",
+        "serve in float16: --dtype half (vLLM) / dtype='half', or use a GPU with compute capability >= 8.0",
+        {"gpu": m["gpu"].strip(), "compute_capability": m["have"], "required": m["need"]},
+    )
