@@ -76,6 +76,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     help="With --engine ray: give up (with Serve's diagnosis) when deployments are not all running by then.",
 )
 @click.option(
+    "--index",
+    "index_path",
+    default=None,
+    metavar="INDEX",
+    type=click.Path(exists=True, file_okay=False),
+    help="Also serve POST /v1/search over this index (built by `usg index build` with this graph).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -93,10 +101,13 @@ def serve(
     engine: str,
     ray_address: str | None,
     deploy_timeout: float,
+    index_path: str | None,
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if engine == "ray":
+        if index_path:
+            raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -118,6 +129,8 @@ def serve(
     from usg.serve import create_app, make_tracer_provider
 
     graph = load_graph_for_cli(graph_path)
+    if index_path:
+        from usg.index.http import search_routes
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
     app = create_app(
         graph,
@@ -126,6 +139,7 @@ def serve(
         max_body_mb=max_body_mb,
         timeout_s=timeout,
         tracer_provider=provider,
+        extra_routes=[search_routes(index_path)] if index_path else (),
     )
     ctx = app.state.usg
 

@@ -17,7 +17,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,13 +171,15 @@ def create_app(
     timeout_s: float = 60.0,
     tracer_provider: Any | None = None,
     config: ServeConfig | None = None,
+    extra_routes: Sequence[Callable[[ServeContext], list[Route]]] = (),
 ) -> Starlette:
     """Build the app serving ``graph``.
 
     Pass ``executor`` (not yet started) to control it fully; otherwise one is built from
     ``backends`` / ``batching`` / ``workers`` / ``timeout_s``. ``tracer_provider``
     (an OpenTelemetry SDK ``TracerProvider``) turns on spans. The app's
-    :class:`ServeContext` is ``app.state.usg``.
+    :class:`ServeContext` is ``app.state.usg``. ``extra_routes``: factories of more routes
+    (e.g. ``usg.index.http.search_routes(INDEX)`` for ``POST /v1/search``), given the context.
     """
     from usg.serve import v1, v2
 
@@ -215,6 +217,7 @@ def create_app(
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     routes = [*v1.routes(ctx), *v2.routes(ctx), Route("/metrics", metrics_endpoint, methods=["GET"])]
+    routes += [route for make in extra_routes for route in make(ctx)]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.usg = ctx
     return app
