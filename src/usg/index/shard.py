@@ -53,7 +53,7 @@ class Shard:
         self.documents: dict[str, DocumentRecord] = {}
         self.entries: dict[int, tuple[str, str, list[list[float]] | None]] = {}  # key -> (doc, text, box)
         self.next_key = 0
-        self._page_owner: dict[int, str] = {}
+        self._page_owner: dict[int, str] | None = None  # page key -> document, rebuilt after changes
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -88,14 +88,14 @@ class Shard:
             self.next_key += 1
             self.pages.add(np.asarray([rec.page_key], dtype=np.int64), page_vector)
         self.documents[doc_id] = rec
-        self._page_owner = {}
+        self._page_owner = None
         return rec
 
     def remove_document(self, doc_id: str) -> DocumentRecord:
         rec = self.documents.pop(doc_id, None)
         if rec is None:
             raise KeyError(doc_id)
-        self._page_owner = {}
+        self._page_owner = None
         self.lines.remove(np.asarray(rec.line_keys, dtype=np.int64))
         for key in rec.line_keys:
             self.entries.pop(key, None)
@@ -104,7 +104,7 @@ class Shard:
         return rec
 
     def page_owner(self, key: int) -> str | None:
-        if len(self._page_owner) != len(self.documents):
+        if self._page_owner is None:
             self._page_owner = {r.page_key: d for d, r in self.documents.items() if r.page_key is not None}
         return self._page_owner.get(key)
 

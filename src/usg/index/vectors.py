@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+# USearch 2.26 (its numkong kernels) imported *before* onnxruntime makes onnxruntime's import crash
+# the process (SIGSEGV); imported after it, both work. usg always has onnxruntime: load it first.
+import onnxruntime  # noqa: F401, I001
 from usg.errors import InputError, MissingDependency
 
 __all__ = ["VectorSet", "library_version"]
@@ -24,10 +27,6 @@ EXPANSION_SEARCH = 64
 
 
 def _usearch() -> Any:
-    # USearch 2.26 (its numkong kernels) loaded *before* onnxruntime makes onnxruntime's import
-    # crash the process (SIGSEGV); loaded after it, both work. usg always has onnxruntime.
-    import onnxruntime  # noqa: F401
-
     try:
         from usearch import index as usearch_index
     except ImportError:
@@ -36,6 +35,7 @@ def _usearch() -> Any:
 
 
 def library_version() -> str:
+    _usearch()
     import usearch
 
     return f"usearch {usearch.__version__}"
