@@ -20,14 +20,12 @@ embeddings (numpy), measured in the same run. Printed:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -201,18 +199,11 @@ def product_path(lines: list[str], base384: np.ndarray, queries384: np.ndarray, 
         with Executor(query_graph(graph, chain)) as ex:
             ex.start_sync()
 
-            async def infer(inputs: Any) -> Any:
-                return await ex.infer(inputs)
-
-            async def run_all() -> list[float]:
-                out = []
-                for text in qlines[:200]:
-                    t0 = time.perf_counter()
-                    await searcher.search_text(infer, text, k=K)
-                    out.append((time.perf_counter() - t0) * 1000)
-                return out
-
-            e2e = ex._call(run_all())
+            e2e = []
+            for text in qlines[:200]:
+                t0 = time.perf_counter()
+                searcher.search_text_sync(ex, text, k=K)
+                e2e.append((time.perf_counter() - t0) * 1000)
         print(f"  text query end to end (MiniLM through the executor + search), 200 queries: "
               f"p50 {p(e2e, 50):.1f} ms, p95 {p(e2e, 95):.1f} ms")
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ def search(
     from usg.index.encoder import query_graph
     from usg.index.query import Searcher
     from usg.index.store import DocumentIndex
-    from usg.runtime import Executor, InferResult
+    from usg.runtime import Executor
 
     if (query is None) == (image is None):
         raise UsageError('give a text query or --image PATH (one of them); fix: usg search INDEX "total due"')
@@ -51,16 +49,12 @@ def search(
     lines: list[str] = []
     only = list(collections) or None
     with Executor(run_graph) as ex:
-
-        async def infer(inputs: Mapping[str, Any]) -> InferResult:
-            return await asyncio.to_thread(ex.infer_sync, inputs)
-
         ex.start_sync()
         t0 = time.perf_counter()
         if image is None:
-            hits = asyncio.run(searcher.search_text(infer, query, k=k, collections=only))
+            hits = searcher.search_text_sync(ex, query, k=k, collections=only)
         else:
-            hits, lines = asyncio.run(searcher.search_image(infer, Path(image), k=k, collections=only))
+            hits, lines = searcher.search_image_sync(ex, Path(image), k=k, collections=only)
     ms = (time.perf_counter() - t0) * 1000
     if as_json:
         body: dict[str, Any] = {"query": query, "results": [h.to_dict() for h in hits], "ms": round(ms, 2)}

@@ -17,7 +17,7 @@ from usg.errors import InputError
 from usg.graph import Graph
 from usg.index.encoder import EncoderChain, file_digest, find_text_encoder
 from usg.index.store import DocumentIndex, SearchHit
-from usg.runtime import InferResult
+from usg.runtime import Executor, InferResult
 
 __all__ = ["MAX_QUERY_CHARS", "Searcher", "check_query"]
 
@@ -61,29 +61,26 @@ class Searcher:
     def supports_images(self) -> bool:
         return self.chain.image_input is not None and self.chain.page_output is not None
 
-    async def search_text(
-        self, infer: Infer, query: Any, *, k: int = 10, collections: list[str] | None = None
-    ) -> list[SearchHit]:
-        text = check_query(query)
-        result = await infer({self.chain.text_input: text})
+    def _text_hits(self, result: InferResult, k: int, collections: list[str] | None) -> list[SearchHit]:
         emb = np.asarray(result.outputs[self.chain.output], dtype=np.float32).reshape(1, -1)
         return self.index.search(emb, encoder_digest=self.digest, k=k, collections=collections)
 
-    async def search_image(
-        self, infer: Infer, image: Any, *, k: int = 10, collections: list[str] | None = None
-    ) -> tuple[list[SearchHit], list[str]]:
-        """Documents whose text reads like the image's OCR text; and the OCR lines read from it."""
-        chain = self.chain
-        if chain.image_input is None or chain.page_output is None:
+    def _image_inputs(self, image: Any) -> dict[str, Any]:
+        if self.chain.image_input is None or self.chain.page_output is None:
             raise InputError(
                 f"graph {self.graph.name!r} has no image input with an OCR text embedding, so only text "
                 "queries are supported",
                 field="image",
                 fix='send {"query": "some text"}',
             )
-        result = await infer({chain.image_input: image})
+        return {self.chain.image_input: image}
+
+    def _image_hits(
+        self, result: InferResult, k: int, collections: list[str] | None
+    ) -> tuple[list[SearchHit], list[str]]:
+        chain = self.chain
         lines = [str(ln["text"]) for ln in result.outputs.get(chain.lines_output or "", None) or []]
-        page = result.outputs.get(chain.page_output)
+        page = result.outputs.get(chain.page_output or "")
         if page is None:
             raise InputError(
                 "no text was read from the query image, so there is nothing to compare pages by",
@@ -93,3 +90,29 @@ class Searcher:
         emb = np.asarray(page, dtype=np.float32).reshape(1, -1)
         hits = self.index.search(emb, encoder_digest=self.digest, k=k, pages=True, collections=collections)
         return hits, lines
+
+    async def search_text(
+        self, infer: Infer, query: Any, *, k: int = 10, collections: list[str] | None = None
+    ) -> list[SearchHit]:
+        """Top-``k`` lines for a text; ``infer`` runs the graph (e.g. ``executor.infer``)."""
+        result = await infer({self.chain.text_input: check_query(query)})
+        return self._text_hits(result, k, collections)
+
+    async def search_image(
+        self, infer: Infer, image: Any, *, k: int = 10, collections: list[str] | None = None
+    ) -> tuple[list[SearchHit], list[str]]:
+        """Documents whose text reads like the image's OCR text; and the OCR lines read from it."""
+        result = await infer(self._image_inputs(image))
+        return self._image_hits(result, k, collections)
+
+    def search_text_sync(
+        self, executor: Executor, query: Any, *, k: int = 10, collections: list[str] | None = None
+    ) -> list[SearchHit]:
+        result = executor.infer_sync({self.chain.text_input: check_query(query)})
+        return self._text_hits(result, k, collections)
+
+    def search_image_sync(
+        self, executor: Executor, image: Any, *, k: int = 10, collections: list[str] | None = None
+    ) -> tuple[list[SearchHit], list[str]]:
+        result = executor.infer_sync(self._image_inputs(image))
+        return self._image_hits(result, k, collections)
