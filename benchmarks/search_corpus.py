@@ -117,6 +117,10 @@ if __name__ == "__main__":  # embed the cache ahead of the benchmark: python ben
     print(f"{len(all_lines)} docstring lines ({n_std} from the standard library)")
     want = int(sys.argv[1]) if len(sys.argv) > 1 else len(all_lines)
     emb = cached_embeddings(
-        all_lines, min(want, len(all_lines)), Path("/work/cache/search"), here / "examples/document_ocr/graph.yaml", print
+        all_lines,
+        min(want, len(all_lines)),
+        Path("/work/cache/search"),
+        here / "examples/document_ocr/graph.yaml",
+        print,
     )
     print(emb.shape)

@@ -48,8 +48,13 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (pages / name).write_bytes(png(lines))
     (pages / "notes.txt").write_text("Call the plumber about the leak\nWater the plants\n")
     out = tmp_path_factory.mktemp("idx") / "index"
-    r = subprocess.run([str(USG), "index", "build", str(pages), "-o", str(out), "--collection", "scans"],
-                       capture_output=True, text=True, env=env(), timeout=300)
+    r = subprocess.run(
+        [str(USG), "index", "build", str(pages), "-o", str(out), "--collection", "scans"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -76,7 +81,10 @@ def test_text_query_returns_the_line_with_document_box_and_score(server: Server)
     assert len(top["box"]) == 4 and isinstance(top["score"], float)
     r = post(server, json={"query": "plumbing problem", "k": 1, "collections": ["scans"]})
     assert r.json()["results"][0] == {
-        **r.json()["results"][0], "document": "notes.txt", "text": "Call the plumber about the leak", "box": None,
+        **r.json()["results"][0],
+        "document": "notes.txt",
+        "text": "Call the plumber about the leak",
+        "box": None,
     }
 
 
@@ -133,7 +141,12 @@ def test_an_index_of_another_encoder_is_refused_at_start(index_dir: Path, tmp_pa
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["encoder"]["sha256"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    r = subprocess.run([str(USG), "serve", str(GRAPH), "--index", str(bad), "--port", "0"],
-                       capture_output=True, text=True, env=env(), timeout=120)
+    r = subprocess.run(
+        [str(USG), "serve", str(GRAPH), "--index", str(bad), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
     assert r.returncode == 1
     assert "built with encoder sha256 000000000000" in r.stderr and "fix: query with the graph" in r.stderr

@@ -148,8 +148,9 @@ def test_cli_build_add_remove_search(pages: Path, tmp_path: Path) -> None:
     assert "removed 1 document(s) from 'src'" in r.output
     r = runner.invoke(cli, ["search", str(out), "the budget was approved", "--json"], catch_exceptions=False)
     assert {h["document"] for h in json.loads(r.output)["results"]} == {"invoice.png", "todo.txt"}
-    r = runner.invoke(cli, ["search", str(out), "--image", str(pages / "invoice.png"), "--json"],
-                      catch_exceptions=False)
+    r = runner.invoke(
+        cli, ["search", str(out), "--image", str(pages / "invoice.png"), "--json"], catch_exceptions=False
+    )
     body = json.loads(r.output)
     assert body["results"][0] == {**body["results"][0], "document": "invoice.png", "kind": "page"}
     assert any("55012" in t for t in body["image_lines"])

@@ -29,8 +29,9 @@ def unit_rows(n: int, d: int = D, seed: int = 0) -> np.ndarray:
 
 
 def make_index(tmp_path: Path, head: Head, docs: dict[str, np.ndarray], collection: str = "c") -> DocumentIndex:
-    idx = DocumentIndex.create(tmp_path / "idx", head=head, encoder_digest=DIGEST, encoder_path="enc.onnx",
-                               graph_path=None)
+    idx = DocumentIndex.create(
+        tmp_path / "idx", head=head, encoder_digest=DIGEST, encoder_path="enc.onnx", graph_path=None
+    )
     shard = idx.shard(collection, create=True)
     for doc, emb in docs.items():
         texts = [f"{doc} line {i}" for i in range(len(emb))]
@@ -103,7 +104,9 @@ def test_index_reopens_from_disk_with_the_same_answers(tmp_path: Path) -> None:
 def test_query_from_another_encoder_is_refused(tmp_path: Path) -> None:
     docs = {"a.txt": unit_rows(20)}
     idx = make_index(tmp_path, fit_head(docs["a.txt"], D), docs)
-    with pytest.raises(EncoderMismatch, match=r"encoder sha256 bbbbbbbbbbbb.*built with encoder sha256 aaaa.*fix:") as e:
+    with pytest.raises(
+        EncoderMismatch, match=r"encoder sha256 bbbbbbbbbbbb.*built with encoder sha256 aaaa.*fix:"
+    ) as e:
         idx.search(docs["a.txt"][0], encoder_digest="b" * 64)
     assert e.value.status == 409
 
@@ -112,8 +115,9 @@ def test_shards_per_collection_are_searched_together_and_separately(tmp_path: Pa
     head = Head("identity", D, D)
     idx = make_index(tmp_path, head, {"x.txt": unit_rows(10, seed=5)}, collection="one")
     other = unit_rows(10, seed=6)
-    idx.shard("two", create=True).add_document("y.txt", "0" * 64, "text", [f"y{i}" for i in range(10)],
-                                               [None] * 10, other, None)
+    idx.shard("two", create=True).add_document(
+        "y.txt", "0" * 64, "text", [f"y{i}" for i in range(10)], [None] * 10, other, None
+    )
     idx.save()
     idx = DocumentIndex.open(tmp_path / "idx")
     assert sorted(idx.shards) == ["one", "two"]

@@ -96,7 +96,12 @@ def build(folder: str, output: str, graph: str | None, dim: int | None, collecti
     t0 = time.perf_counter()
     with _progress(len(files), "indexing") as bar:
         idx = build_index(
-            g, files, out, collection=name, dim=dim, progress=_advance(bar),  # type: ignore[arg-type]
+            g,
+            files,
+            out,
+            collection=name,
+            dim=dim,
+            progress=_advance(bar),  # type: ignore[arg-type]
             note=lambda m: err_console.print(f"[yellow]note:[/] {m}"),
         )
     secs = time.perf_counter() - t0
@@ -125,9 +130,7 @@ def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: 
     if not files:
         raise UsageError(f"{', '.join(paths)}: no images or .txt files; fix: pass images or .txt files")
     if collection is None:
-        collection = (
-            next(iter(idx.shards)) if len(idx.shards) == 1 else Path(paths[0]).resolve().name
-        )
+        collection = next(iter(idx.shards)) if len(idx.shards) == 1 else Path(paths[0]).resolve().name
     g = load_graph_for_cli(_graph_path(graph, idx.manifest.get("graph")))
     with _progress(len(files), f"adding to {collection}") as bar:
         report = add_documents(idx, g, files, collection=collection, progress=_advance(bar))  # type: ignore[arg-type]

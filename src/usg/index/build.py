@@ -155,7 +155,11 @@ class DocumentReader:
             texts = [" ".join(line.split()) for line in content.splitlines()]
             texts = [t for t in texts if t]
             boxes = [None] * len(texts)
-            both = self.encoder.encode([*texts, "\n".join(texts)]) if texts else np.zeros((0, self.encoder.dim))
+            both = (
+                self.encoder.encode([*texts, "\n".join(texts)])
+                if texts
+                else np.zeros((0, self.encoder.dim), np.float32)
+            )
             emb, page = both[: len(texts)], (both[len(texts) :] if texts else None)
         return ReadDocument(f, texts, list(boxes), emb, None if page is None else np.asarray(page).reshape(1, -1))
 
@@ -194,7 +198,9 @@ def build_index(
         reader.close()
     all_emb = [d.embeddings for d in docs if len(d.texts)]
     if not all_emb:
-        raise UsageError("no lines were read from the inputs (blank pages or empty files); fix: index documents with text")
+        raise UsageError(
+            "no lines were read from the inputs (blank pages or empty files); fix: index documents with text"
+        )
     stacked = np.concatenate(all_emb, axis=0)
     enc_dim = stacked.shape[1]
     if dim is None:

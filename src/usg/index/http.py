@@ -75,7 +75,7 @@ async def _parse(ctx: ServeContext, request: Request) -> dict[str, Any]:
         elif isinstance(image, str):
             doc["image"] = b64_image("image", image)
         elif image is not None:
-            raise InputError("image must be base64 text or {\"b64\": \"...\"}", field="image", fix=_FIX)
+            raise InputError('image must be base64 text or {"b64": "..."}', field="image", fix=_FIX)
         return doc
     if media in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await parse_form_inputs(ctx.graph, request, body)

@@ -86,7 +86,7 @@ class DocumentIndex:
     def create(
         cls, path: Path, *, head: Head, encoder_digest: str, encoder_path: str, graph_path: str | None
     ) -> DocumentIndex:
-        manifest = {
+        manifest: dict[str, Any] = {
             "format": FORMAT,
             "library": library_version(),
             "encoder": {"sha256": encoder_digest, "path": encoder_path, "dim": head.in_dim},

@@ -16,7 +16,8 @@ import numpy as np
 
 # USearch 2.26 (its numkong kernels) imported *before* onnxruntime makes onnxruntime's import crash
 # the process (SIGSEGV); imported after it, both work. usg always has onnxruntime: load it first.
-import onnxruntime  # noqa: F401, I001
+import onnxruntime  # noqa: F401
+
 from usg.errors import InputError, MissingDependency
 
 __all__ = ["VectorSet", "library_version"]
@@ -97,7 +98,8 @@ class VectorSet:
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         if len(self) == 0 or k == 0:
             return keys, scores
-        m = self._index.search(q, min(k, len(self)))
+        # one thread: a query is ~0.2 ms of work; USearch's default pool (every core) only adds tail latency
+        m = self._index.search(q, min(k, len(self)), threads=1)
         found_keys = np.asarray(m.keys, dtype=np.int64).reshape(len(q), -1)
         dist = np.asarray(m.distances, dtype=np.float32).reshape(len(q), -1)
         counts = np.asarray(m.counts if hasattr(m, "counts") else [len(m.keys)]).reshape(-1)
