@@ -32,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import onnxruntime  # noqa: E402, F401  (before usearch: see usg.index.vectors)
+import onnxruntime  # noqa: E402, F401  (before usearch: USearch 2.26 imported first crashes onnxruntime)
 from search_corpus import cached_embeddings, docstring_lines  # noqa: E402
 
 K = 10
@@ -73,15 +73,13 @@ def p(ms: list[float], q: float) -> float:
 def lib_usearch(base: np.ndarray, dtype: str) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
     from usearch.index import Index
 
-    from usg.index.vectors import CONNECTIVITY, EXPANSION_ADD, EXPANSION_SEARCH
-
     idx = Index(
         ndim=base.shape[1],
         metric="ip",
         dtype=dtype,
-        connectivity=CONNECTIVITY,
-        expansion_add=EXPANSION_ADD,
-        expansion_search=EXPANSION_SEARCH,
+        connectivity=16,
+        expansion_add=128,
+        expansion_search=64,
     )
     idx.add(np.arange(len(base), dtype=np.uint64), base)
     return (lambda q: np.asarray(idx.search(q, K, threads=1).keys, dtype=np.int64)), int(idx.serialized_length)
@@ -128,11 +126,11 @@ def compare_libraries(
     flat384: int,
 ) -> None:
     rows = [
-        ("usearch f16 (chosen)", lambda: lib_usearch(proj, "f16"), queries_proj),
+        ("usearch f16", lambda: lib_usearch(proj, "f16"), queries_proj),
         ("usearch f32", lambda: lib_usearch(proj, "f32"), queries_proj),
         ("hnswlib f32 (M=16)", lambda: lib_hnswlib(proj), queries_proj),
         ("faiss HNSWFlat f32 (M=16)", lambda: lib_faiss(proj, sq=False), queries_proj),
-        ("faiss HNSWSQ fp16 (M=16)", lambda: lib_faiss(proj, sq=True), queries_proj),
+        ("faiss HNSWSQ fp16 (M=16, chosen)", lambda: lib_faiss(proj, sq=True), queries_proj),
         ("usearch i8 (M=16)", lambda: lib_usearch(proj, "i8"), queries_proj),
         ("usearch f32, 384-d, no head", lambda: lib_usearch(base384, "f32"), queries384),
         ("usearch f16, 384-d, no head", lambda: lib_usearch(base384, "f16"), queries384),

@@ -19,8 +19,8 @@ from PIL import Image
 
 from usg.testing.documents import Line, render_document
 
-if importlib.util.find_spec("usearch") is None:
-    pytest.skip("usg[index] (usearch) is not installed", allow_module_level=True)
+if importlib.util.find_spec("faiss") is None:
+    pytest.skip("usg[index] (faiss-cpu) is not installed", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-if importlib.util.find_spec("usearch") is None:  # not importorskip: see usg.index.vectors on import order
-    pytest.skip("usg[index] (usearch) is not installed", allow_module_level=True)
+if importlib.util.find_spec("faiss") is None:
+    pytest.skip("usg[index] (faiss-cpu) is not installed", allow_module_level=True)
 
 from usg.cli import cli
 from usg.graph import load_graph

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-if importlib.util.find_spec("usearch") is None:  # not importorskip: see usg.index.vectors on import order
-    pytest.skip("usg[index] (usearch) is not installed", allow_module_level=True)
+if importlib.util.find_spec("faiss") is None:
+    pytest.skip("usg[index] (faiss-cpu) is not installed", allow_module_level=True)
 
 import usg.index
 from usg.cli import cli

@@ -2,7 +2,7 @@
 
 ``usg index build DIR -o INDEX`` reads images through a document graph (OCR lines and boxes)
 and ``.txt`` files line by line, embeds every line with the graph's own text encoder, learns a
-compact head (PCA to 128-d by default) and stores the vectors in USearch HNSW indexes, one
+compact head (PCA to 128-d by default) and stores the vectors in faiss HNSW indexes (fp16), one
 shard per collection. ``usg search INDEX "query"`` and ``POST /v1/search`` return the closest
 lines with their document, text, box and score::
 

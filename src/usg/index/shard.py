@@ -1,6 +1,6 @@
 """One collection's shard: its documents, their lines (text, box) and two vector sets.
 
-A shard folder holds ``lines.usearch`` (one vector per line), ``pages.usearch`` (one vector per
+A shard folder holds ``lines.vectors.npz`` (one vector per line), ``pages.vectors.npz`` (one vector per
 document: the embedding of its whole text, which image queries search) and ``meta.json``
 (documents with their input's SHA-256 and keys; per line its document, text and box). Shards
 are independent: a collection is added to, removed from, rebuilt or dropped without touching
@@ -111,8 +111,8 @@ class Shard:
     # -- disk ---------------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.lines.save(folder / "lines.usearch")
-        self.pages.save(folder / "pages.usearch")
+        self.lines.save(folder / "lines.vectors.npz")
+        self.pages.save(folder / "pages.vectors.npz")
         meta = {
             "name": self.name,
             "dim": self.dim,
@@ -140,7 +140,7 @@ class Shard:
         shard.documents = {d: DocumentRecord.from_json(d, r) for d, r in meta["documents"].items()}
         shard.entries = {int(k): (str(doc), str(text), box) for k, doc, text, box in meta["lines"]}
         for vs_name in ("lines", "pages"):
-            path = folder / f"{vs_name}.usearch"
+            path = folder / f"{vs_name}.vectors.npz"
             if not path.is_file():
                 raise InputError(
                     f"shard {folder.name!r}: {path.name} is missing",

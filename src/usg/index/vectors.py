@@ -1,64 +1,65 @@
-"""One on-disk approximate-nearest-neighbour set of vectors: a thin layer over USearch's HNSW index.
+"""One on-disk approximate-nearest-neighbour set of vectors: a thin layer over faiss's HNSW index.
 
-USearch was chosen over hnswlib and faiss-cpu by ``benchmarks/search.py`` (recall, query time and
-footprint on the same 100 000 MiniLM line embeddings; figures in benchmarks/README.md): it stores
-half-precision vectors (half the bytes at the same recall), removes keys in place, and saves and
-restores a single file. Vectors are compared by inner product (scores are cosine-like: the encoder
-L2-normalises, the head preserves inner products).
+faiss-cpu was chosen over USearch and hnswlib by ``benchmarks/search.py`` (recall, query time and
+footprint on the same MiniLM line embeddings; figures in benchmarks/README.md): its HNSW index
+over half-precision codes (``IndexHNSWSQ``, fp16) has the same recall as float32 at about half
+the bytes, and the shortest query-time tail of the three on a busy 2-core CPU (USearch hands each
+search to a worker thread: a 30–40 ms p95 under load; hnswlib stores float32 only). faiss's HNSW
+cannot delete in place, so removed keys are tombstones, skipped at search time by an ID selector,
+and compacted away when a save finds more than a quarter of the set removed. Vectors are compared
+by inner product (scores are cosine-like: the encoder L2-normalises, the head keeps inner products).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-# USearch 2.26 (its numkong kernels) imported *before* onnxruntime makes onnxruntime's import crash
-# the process (SIGSEGV); imported after it, both work. usg always has onnxruntime: load it first.
-import onnxruntime  # noqa: F401
-
 from usg.errors import InputError, MissingDependency
 
 __all__ = ["VectorSet", "library_version"]
 
-CONNECTIVITY = 16
-EXPANSION_ADD = 128
-EXPANSION_SEARCH = 64
+M = 16
+EF_CONSTRUCTION = 128
+EF_SEARCH = 64
+COMPACT_AT = 0.25
 
 
-def _usearch() -> Any:
+def _faiss() -> Any:
     try:
-        from usearch import index as usearch_index
+        import faiss
     except ImportError:
-        raise MissingDependency("usearch", "index", "usg index / usg search") from None
-    return usearch_index
+        raise MissingDependency("faiss", "index", "usg index / usg search") from None
+    return faiss
 
 
 def library_version() -> str:
-    _usearch()
-    import usearch
+    return f"faiss-cpu {_faiss().__version__}"
 
-    return f"usearch {usearch.__version__}"
+
+def _new_index(dim: int) -> Any:
+    faiss = _faiss()
+    index = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_fp16, M, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = EF_CONSTRUCTION
+    index.hnsw.efSearch = EF_SEARCH
+    return index
 
 
 class VectorSet:
-    """Keys (int64) → ``dim``-d vectors, searched by inner product; saved as one ``.usearch`` file."""
+    """Keys (int64) → ``dim``-d vectors, searched by inner product; saved as one ``.npz`` file."""
 
-    def __init__(self, dim: int, *, dtype: str = "f16", index: Any = None) -> None:
+    def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.dtype = dtype
-        self._index = index or _usearch().Index(
-            ndim=dim,
-            metric="ip",
-            dtype=dtype,
-            connectivity=CONNECTIVITY,
-            expansion_add=EXPANSION_ADD,
-            expansion_search=EXPANSION_SEARCH,
-        )
+        self._index = _new_index(dim)
+        self._keys = np.zeros(0, dtype=np.int64)  # position in the faiss index -> key
+        self._pos: dict[int, int] = {}  # live key -> position
+        self._dead = np.zeros(0, dtype=bool)  # tombstones, by position
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._pos)
 
     def _check(self, vectors: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, np.dtype[np.float32]]:
         arr = np.asarray(vectors, dtype=np.float32)
@@ -72,61 +73,111 @@ class VectorSet:
             )
         if not np.isfinite(arr).all():
             raise InputError(f"{what}: vectors contain NaN or inf", field=what, fix="embed the text again")
-        return arr
+        return np.ascontiguousarray(arr)
 
     def add(self, keys: np.ndarray[Any, Any], vectors: np.ndarray[Any, Any]) -> None:
         arr = self._check(vectors, "vectors")
-        k = np.asarray(keys, dtype=np.uint64)
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
         if len(k) != len(arr):
             raise InputError(
                 f"vectors: {len(k)} keys for {len(arr)} vectors", field="keys", fix="pass one key per vector"
             )
-        if len(k):
-            self._index.add(k, arr)
+        clash = [int(x) for x in k if int(x) in self._pos]
+        if clash or len(set(k.tolist())) != len(k):
+            raise InputError(f"keys {clash[:5] or 'repeated'} are already in the set", field="keys", fix="use new keys")
+        if not len(k):
+            return
+        if not self._index.is_trained:
+            self._index.train(arr)  # fp16 codes need no statistics; faiss still asks for the call
+        start = int(self._index.ntotal)
+        self._index.add(arr)
+        self._keys = np.concatenate([self._keys, k])
+        self._dead = np.concatenate([self._dead, np.zeros(len(k), dtype=bool)])
+        self._pos.update({int(key): start + i for i, key in enumerate(k.tolist())})
 
     def remove(self, keys: np.ndarray[Any, Any]) -> int:
-        k = np.asarray(keys, dtype=np.uint64)
-        return int(self._index.remove(k)) if len(k) else 0
+        removed = 0
+        for key in np.asarray(keys, dtype=np.int64).reshape(-1).tolist():
+            pos = self._pos.pop(int(key), None)
+            if pos is not None:
+                self._dead[pos] = True
+                removed += 1
+        return removed
 
     def search(
         self, queries: np.ndarray[Any, Any], k: int
     ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.float32]]]:
-        """``(keys [q, ≤k], scores [q, ≤k])``, best first; score = inner product. Rows are padded with
+        """``(keys [q, k], scores [q, k])``, best first; score = inner product. Rows are padded with
         key -1 / score -inf when the set holds fewer than ``k`` vectors."""
+        faiss = _faiss()
         q = self._check(queries, "query")
         keys = np.full((len(q), k), -1, dtype=np.int64)
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         if len(self) == 0 or k == 0:
             return keys, scores
-        # one thread: a query is ~0.2 ms of work; USearch's default pool (every core) only adds tail latency
-        m = self._index.search(q, min(k, len(self)), threads=1)
-        found_keys = np.asarray(m.keys, dtype=np.int64).reshape(len(q), -1)
-        dist = np.asarray(m.distances, dtype=np.float32).reshape(len(q), -1)
-        counts = np.asarray(m.counts if hasattr(m, "counts") else [len(m.keys)]).reshape(-1)
-        for row, n in enumerate(counts):
-            keys[row, :n] = found_keys[row, :n]
-            scores[row, :n] = 1.0 - dist[row, :n]  # USearch's "ip" distance is 1 - <q, x>
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = max(EF_SEARCH, k)
+        dead = np.flatnonzero(self._dead)
+        if len(dead):
+            batch = faiss.IDSelectorBatch(len(dead), faiss.swig_ptr(dead.astype(np.int64)))
+            params.sel = faiss.IDSelectorNot(batch)
+        faiss.omp_set_num_threads(1)  # this thread only: one query is ~0.1 ms, a thread team only adds tail
+        dist, pos = self._index.search(q, min(k, len(self)), params=params)
+        for row in range(len(q)):
+            ok = pos[row] >= 0
+            n = int(ok.sum())
+            keys[row, :n] = self._keys[pos[row][ok]]
+            scores[row, :n] = dist[row][ok]
         return keys, scores
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the serialised index (vectors and graph links)."""
-        return int(self._index.serialized_length)
+        """Bytes of the serialised faiss index (fp16 codes and graph links) and the key map."""
+        return len(_faiss().serialize_index(self._index)) + self._keys.nbytes + self._dead.nbytes
+
+    def _compacted(self) -> VectorSet:
+        live = np.flatnonzero(~self._dead)
+        fresh = VectorSet(self.dim)
+        if len(live):
+            vectors = np.vstack([self._index.reconstruct(int(p)) for p in live]).astype(np.float32)
+            fresh.add(self._keys[live], vectors)
+        return fresh
 
     def save(self, path: Path) -> None:
+        current = self
+        if len(self._dead) and self._dead.mean() > COMPACT_AT:
+            current = self._compacted()
+            self.__dict__.update(current.__dict__)
+        blob = _faiss().serialize_index(current._index)
+        buf = io.BytesIO()
+        np.savez(buf, index=blob, keys=current._keys, dead=current._dead, dim=np.array(self.dim))
         tmp = path.with_suffix(path.suffix + ".tmp")
-        self._index.save(str(tmp))
+        tmp.write_bytes(buf.getvalue())
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path, dim: int, dtype: str = "f16") -> VectorSet:
-        index = _usearch().Index.restore(str(path))
-        if index is None or index.ndim != dim:
-            got = "not a USearch file" if index is None else f"{index.ndim}-d"
+    def load(cls, path: Path, dim: int) -> VectorSet:
+        faiss = _faiss()
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                blob, keys, dead, file_dim = z["index"], z["keys"], z["dead"], int(z["dim"])
+            index = faiss.deserialize_index(blob)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise InputError(
-                f"{path}: {got}, the manifest says {dim}-d",
+                f"{path}: not a vector set ({exc})",
+                field=str(path),
+                fix="the index folder is damaged; rebuild it with usg index build",
+            ) from None
+        if file_dim != dim or index.d != dim:
+            raise InputError(
+                f"{path}: {index.d}-d vectors, the manifest says {dim}-d",
                 field=str(path),
                 fix="the index folder is damaged; rebuild it with usg index build",
             )
-        index.expansion_search = EXPANSION_SEARCH
-        return cls(dim, dtype=dtype, index=index)
+        out = cls(dim)
+        out._index = index
+        out._index.hnsw.efSearch = EF_SEARCH
+        out._keys = keys.astype(np.int64)
+        out._dead = dead.astype(bool)
+        out._pos = {int(key): i for i, key in enumerate(out._keys.tolist()) if not out._dead[i]}
+        return out
