@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def _progress(total: int, what: str) -> Iterator[Progress]:
         yield bar
 
 
-def _advance(bar: Progress) -> object:
+def _advance(bar: Progress) -> Callable[[str, int], None]:
     counted = {"lines": 0}
 
     def step(doc_id: str, n_lines: int) -> None:
@@ -101,7 +101,7 @@ def build(folder: str, output: str, graph: str | None, dim: int | None, collecti
             out,
             collection=name,
             dim=dim,
-            progress=_advance(bar),  # type: ignore[arg-type]
+            progress=_advance(bar),
             note=lambda m: err_console.print(f"[yellow]note:[/] {m}"),
         )
     secs = time.perf_counter() - t0
@@ -133,7 +133,7 @@ def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: 
         collection = next(iter(idx.shards)) if len(idx.shards) == 1 else Path(paths[0]).resolve().name
     g = load_graph_for_cli(_graph_path(graph, idx.manifest.get("graph")))
     with _progress(len(files), f"adding to {collection}") as bar:
-        report = add_documents(idx, g, files, collection=collection, progress=_advance(bar))  # type: ignore[arg-type]
+        report = add_documents(idx, g, files, collection=collection, progress=_advance(bar))
     err_console.print(
         f"collection {collection!r}: {len(report.added)} added, {len(report.replaced)} replaced (changed), "
         f"{len(report.unchanged)} unchanged; {report.lines} lines indexed"
