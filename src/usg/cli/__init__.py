@@ -42,6 +42,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("usg.cli.plan_cmd:plan", "Size weights, KV cache and engine limits for LLM/VLM serving."),
     "bench": ("usg.cli.bench_cmd:bench", "Benchmark a graph or server against the alternatives."),
     "tune": ("usg.cli.bench_cmd:tune", "Profile models and choose batch sizes and threads."),
+    "index": ("usg.cli.index_cmd:index", "Index scanned documents and text files for search."),
+    "search": ("usg.cli.search_cmd:search", "Search an index of documents with a text or an image."),
 }
 
 

@@ -113,6 +113,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     help="With --engine ray: give up (with Serve's diagnosis) when deployments are not all running by then.",
 )
 @click.option(
+    "--index",
+    "index_path",
+    default=None,
+    metavar="INDEX",
+    type=click.Path(exists=True, file_okay=False),
+    help="Also serve POST /v1/search over this index (built by `usg index build` with this graph).",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -135,6 +143,7 @@ def serve(
     engine: str,
     ray_address: str | None,
     deploy_timeout: float,
+    index_path: str | None,
     log_level: str,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
@@ -143,6 +152,8 @@ def serve(
     if grpc_port is not None and grpc_port == port:
         raise UsageError(f"--grpc-port {grpc_port} is also the HTTP --port; fix: pick another --grpc-port")
     if engine == "ray":
+        if index_path:
+            raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -181,6 +192,8 @@ def serve(
 
         check_port_free(host, grpc_port)
     graph = load_graph_for_cli(graph_path)
+    if index_path:
+        from usg.index.http import search_routes
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
     config = ServeConfig(
         max_inflight=max_inflight,
@@ -191,7 +204,14 @@ def serve(
         keepalive_timeout_s=keepalive_timeout,
         api_key=api_key,
     )
-    app = create_app(graph, batching=not no_batching, timeout_s=timeout, tracer_provider=provider, config=config)
+    app = create_app(
+        graph,
+        batching=not no_batching,
+        timeout_s=timeout,
+        tracer_provider=provider,
+        config=config,
+        extra_routes=[search_routes(index_path)] if index_path else (),
+    )
     ctx = app.state.usg
     if grpc_port is not None:
         attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)

@@ -10,7 +10,7 @@ finishes its queued items). The shared state lives in :mod:`usg.serve.context`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -44,13 +44,15 @@ def create_app(
     timeout_s: float = 60.0,
     tracer_provider: Any | None = None,
     config: ServeConfig | None = None,
+    extra_routes: Sequence[Callable[[ServeContext], list[Route]]] = (),
 ) -> Starlette:
     """Build the app serving ``graph``.
 
     Pass ``executor`` (not yet started) to control it fully; otherwise one is built from
     ``backends`` / ``batching`` / ``workers`` / ``timeout_s``. ``tracer_provider``
     (an OpenTelemetry SDK ``TracerProvider``) turns on spans. The app's
-    :class:`ServeContext` is ``app.state.usg``.
+    :class:`ServeContext` is ``app.state.usg``. ``extra_routes``: factories of more routes
+    (e.g. ``usg.index.http.search_routes(INDEX)`` for ``POST /v1/search``), given the context.
     """
     metrics = ServeMetrics()
     tracing = TracingObserver(tracer_provider) if tracer_provider is not None else None
@@ -94,6 +96,7 @@ def create_app(
         return exception_handlers(fmt, lambda req, exc, resp: ctx.count(req, exc, resp.status_code))
 
     routes = [
+        *(route for make in extra_routes for route in make(ctx)),  # before Mount("/v1"), which takes /v1/...
         Route("/v2", v2.server_metadata(ctx), methods=["GET"]),  # Mount("/v2") matches "/v2/..." only
         Mount("/v1", app=Starlette(routes=v1.routes(ctx), exception_handlers=handlers(v1_error))),
         Mount("/v2", app=Starlette(routes=v2.routes(ctx), exception_handlers=handlers(v2_error))),

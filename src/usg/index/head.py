@@ -1,0 +1,108 @@
+"""The compact embedding head: a linear projection learned from the indexed embeddings.
+
+``fit_head(embeddings, dim)`` learns a PCA projection *without centering* (the top right-singular
+vectors of the embedding matrix): it is the rank-``dim`` linear map that best preserves the
+embeddings in the least-squares sense, hence their inner products, which is what retrieval
+ranks by. Index vectors and queries go through the same matrix (``apply``). ``dim`` equal to the
+encoder's width gives the identity head (no projection). The head is stored next to the index
+as ``head.npz`` (arrays only, never a pickle) and named by the SHA-256 of its matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from usg.errors import InputError, UsageError
+
+__all__ = ["Head", "fit_head"]
+
+Array = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True)
+class Head:
+    """``kind`` "pca" (``matrix`` is ``[in_dim, out_dim]``) or "identity" (``matrix`` is None)."""
+
+    kind: str
+    in_dim: int
+    out_dim: int
+    matrix: Array | None = None
+    explained: float = 1.0  # fraction of the fitted embeddings' energy the projection keeps
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256(f"{self.kind}:{self.in_dim}:{self.out_dim}".encode())
+        if self.matrix is not None:
+            h.update(np.ascontiguousarray(self.matrix, dtype=np.float32).tobytes())
+        return h.hexdigest()
+
+    def apply(self, embeddings: np.ndarray[Any, Any]) -> Array:
+        x = np.asarray(embeddings, dtype=np.float32)
+        if x.ndim == 1:
+            x = x[None, :]
+        if x.ndim != 2 or x.shape[1] != self.in_dim:
+            raise InputError(
+                f"embedding of shape {list(x.shape)} given to a head for {self.in_dim}-d encoder output",
+                field="embedding",
+                fix=f"embed with the encoder the index was built with ({self.in_dim}-d)",
+            )
+        if self.matrix is None:
+            return np.ascontiguousarray(x)
+        return np.ascontiguousarray(x @ self.matrix)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "in_dim": self.in_dim,
+            "out_dim": self.out_dim,
+            "explained": round(self.explained, 6),
+            "digest": self.digest,
+        }
+
+    def save(self, path: Path) -> None:
+        matrix = self.matrix if self.matrix is not None else np.zeros((0, 0), np.float32)
+        with path.open("wb") as fh:
+            np.savez(
+                fh,
+                kind=np.array(self.kind),
+                in_dim=np.array(self.in_dim),
+                out_dim=np.array(self.out_dim),
+                explained=np.array(self.explained),
+                matrix=matrix,
+            )
+
+    @classmethod
+    def load(cls, path: Path) -> Head:
+        with np.load(path, allow_pickle=False) as z:
+            kind = str(z["kind"])
+            matrix = z["matrix"].astype(np.float32) if kind != "identity" else None
+            return cls(kind, int(z["in_dim"]), int(z["out_dim"]), matrix, float(z["explained"]))
+
+
+def fit_head(embeddings: np.ndarray[Any, Any], dim: int) -> Head:
+    """Learn a ``dim``-wide head from ``[n, d]`` embeddings (identity when ``dim == d``)."""
+    x = np.asarray(embeddings, dtype=np.float32)
+    if x.ndim != 2 or not len(x):
+        raise UsageError("a head is learned from embeddings; none were given; fix: index at least one line")
+    n, d = x.shape
+    if dim == d:
+        return Head("identity", d, d)
+    if not 1 <= dim < d:
+        raise UsageError(f"--dim {dim}: the encoder emits {d}-d embeddings; fix: pass --dim between 1 and {d}")
+    if n < dim:
+        raise UsageError(
+            f"--dim {dim}: a {dim}-d head is learned from the indexed lines, and there are only {n}; "
+            f"fix: index at least {dim} lines, or pass --dim {d} (no head)"
+        )
+    # right-singular vectors of X via the d×d Gram matrix (X may have millions of rows)
+    gram = (x.T.astype(np.float64)) @ x.astype(np.float64)
+    values, vectors = np.linalg.eigh(gram)
+    top = np.argsort(values)[::-1][:dim]
+    matrix = vectors[:, top].astype(np.float32)
+    explained = float(values[top].sum() / max(values.sum(), 1e-12))
+    return Head("pca", d, dim, matrix, explained)
