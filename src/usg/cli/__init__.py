@@ -28,6 +28,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("usg.cli.plan_cmd:plan", "Size weights, KV cache and engine limits for LLM/VLM serving."),
     "bench": ("usg.cli.bench_cmd:bench", "Benchmark a graph or server against the alternatives."),
     "tune": ("usg.cli.bench_cmd:tune", "Profile models and choose batch sizes and threads."),
+    "profile": ("usg.cli.profile_cmd:profile", "Record a reference profile of a graph's inputs and outputs."),
+    "drift": ("usg.cli.drift_cmd:drift", "Compare a window profile with a reference profile (drift tests)."),
+    "report": ("usg.cli.report_cmd:report", "Reports from traces: SLO-violation attribution per node and cause."),
 }
 
 

@@ -54,6 +54,18 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 @click.option(
+    "--reference",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="A profile from `usg profile`: live drift and health on GET /v1/monitor and /metrics.",
+)
+@click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append USG's spans as OTLP/JSON lines (for `usg report slo`).",
+)
+@click.option(
     "--engine",
     type=click.Choice(["embedded", "ray"]),
     default="embedded",
@@ -94,8 +106,12 @@ def serve(
     ray_address: str | None,
     deploy_timeout: float,
     log_level: str,
+    reference: str | None = None,
+    trace_file: str | None = None,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
+    if engine == "ray" and (reference or trace_file):
+        raise UsageError("--reference and --trace-file work with the embedded engine; fix: drop --engine ray")
     if engine == "ray":
         if no_batching:
             raise UsageError(
@@ -115,6 +131,7 @@ def serve(
         import uvicorn
     except ImportError:
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
+    from usg.monitor.addon import serve_addons
     from usg.serve import create_app, make_tracer_provider
 
     graph = load_graph_for_cli(graph_path)
@@ -126,6 +143,7 @@ def serve(
         max_body_mb=max_body_mb,
         timeout_s=timeout,
         tracer_provider=provider,
+        addons=serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching),
     )
     ctx = app.state.usg
 

@@ -318,6 +318,8 @@ class Executor:
                     t.cancel()
             # let cancelled tasks finish so no "Task was destroyed" warnings leak
             await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for obs in self.observers:
+            obs.request_values(rid, values, outputs)
         skipped = [n for n in active if outputs.get(n) is None]
         result_outputs: dict[str, Any] = {}
         for oname, ref in self.graph.outputs.items():

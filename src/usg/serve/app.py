@@ -17,14 +17,14 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from usg.backends import Backend
 from usg.errors import StateError, USGError
@@ -35,6 +35,9 @@ from usg.serve.errors import DrainingError, error_response, rejection_reason
 from usg.serve.limits import InflightGate, check_content_length
 from usg.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from usg.serve.tracing import TracingObserver
+
+if TYPE_CHECKING:
+    from usg.monitor.addon import ServeAddon
 
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "create_app"]
 
@@ -78,6 +81,7 @@ class ServeContext:
         self.gate = InflightGate(config.max_inflight, retry_after=config.retry_after_s)
         self.state = ServeState.STARTING
         self.started_at = time.time()
+        self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
         metrics.set_inflight_source(lambda: float(self.gate.inflight))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -94,6 +98,8 @@ class ServeContext:
     async def startup(self) -> None:
         await self.executor.start()
         self.metrics.bind_runners(self.executor.runners)
+        for addon in self.addons:
+            addon.bind(self)
         if self.state is ServeState.STARTING:
             self.state = ServeState.READY
 
@@ -105,6 +111,8 @@ class ServeContext:
         if self.gate.inflight:
             log.warning("drain timeout: closing with %d request(s) in flight", self.gate.inflight)
         await self.executor.aclose()
+        for addon in self.addons:
+            addon.close()
         if self.tracing is not None:
             self.tracing.shutdown()
         self.state = ServeState.STOPPED
@@ -112,6 +120,8 @@ class ServeContext:
     # -- requests ----------------------------------------------------------------------------
     async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
         """Run the graph (the executor decodes encoded images off the event loop)."""
+        for addon in self.addons:
+            addon.note_raw(request_id, raw)
         return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
 
     async def guarded(
@@ -171,6 +181,7 @@ def create_app(
     timeout_s: float = 60.0,
     tracer_provider: Any | None = None,
     config: ServeConfig | None = None,
+    addons: Sequence[ServeAddon] = (),
 ) -> Starlette:
     """Build the app serving ``graph``.
 
@@ -183,7 +194,7 @@ def create_app(
 
     metrics = ServeMetrics()
     tracing = TracingObserver(tracer_provider) if tracer_provider is not None else None
-    observers = [o for o in (metrics, tracing) if o is not None]
+    observers = [o for o in (metrics, tracing, *addons) if o is not None]
     if executor is None:
         executor = Executor(
             graph,
@@ -202,6 +213,7 @@ def create_app(
         executor.observers.extend(observers)
     cfg = config or ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20))
     ctx = ServeContext(graph, executor, cfg, metrics, tracing)
+    ctx.addons = list(addons)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -214,7 +226,8 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    routes = [*v1.routes(ctx), *v2.routes(ctx), Route("/metrics", metrics_endpoint, methods=["GET"])]
+    routes: list[BaseRoute] = [*v1.routes(ctx), *v2.routes(ctx), Route("/metrics", metrics_endpoint, methods=["GET"])]
+    routes += [r for addon in addons for r in addon.routes()]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.usg = ctx
     return app
