@@ -32,9 +32,15 @@ def drift(reference: str, window: str, as_json: bool, p_value: float | None) -> 
 
     ref, cur = load_profile(reference), load_profile(window)
     saved = {k: v for k, v in ref.get("monitor", {}).get("thresholds", {}).items() if k in Thresholds.__annotations__}
-    thresholds = Thresholds(**saved)
     if p_value is not None:
-        thresholds = Thresholds(**{**thresholds.to_dict(), "p_value": p_value})
+        saved["p_value"] = p_value
+    thresholds = Thresholds(
+        p_value=float(saved.get("p_value", 0.01)),
+        psi=float(saved.get("psi", 0.2)),
+        kl=float(saved.get("kl", 0.05)),
+        cosine=float(saved.get("cosine", 0.02)),
+        permutations=int(saved.get("permutations", 499)),
+    )
     result = compare_profiles(ref, cur, thresholds)
     if as_json:
         from usg.monitor.http import jsonable
