@@ -26,6 +26,10 @@ class MonitorCollector(Collector):
     def __init__(self, monitor: LiveMonitor) -> None:
         self.monitor = monitor
 
+    def describe(self) -> list[Metric]:
+        """Nothing at registration (collect() reads the monitor, which the registry's lock must not wait on)."""
+        return []
+
     def collect(self) -> Iterator[Metric]:
         m = self.monitor
         latest = m.latest or {}

@@ -69,7 +69,8 @@ class LiveMonitor(ServeAddon):
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=cap)
         self._saturation: collections.deque[tuple[float, float]] = collections.deque(maxlen=cap)
         self._rejections: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the window
+        self._step = threading.Lock()  # processing and evaluation (worker, or a caller such as a test)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -156,7 +157,8 @@ class LiveMonitor(ServeAddon):
                 if now - last_rej >= 1.0:
                     self._sample_rejections(now)
                     last_rej = now
-                if self._due(now):
+                timed = self.config.window.seconds is not None
+                if timed and self._window and now - self._last_eval_t >= self.config.window.every:
                     self.evaluate()
             except Exception:  # never let a monitoring bug take the server down; say it once per tick
                 log.exception("drift monitor step failed")
@@ -185,23 +187,27 @@ class LiveMonitor(ServeAddon):
             log.warning("the reference profile was built with other model files: %s", ", ".join(changed))
 
     def process_pending(self) -> int:
-        """Turn queued request values into features (worker thread; tests call it directly)."""
+        """Turn queued request values into features, evaluating count windows as they fill (worker thread)."""
         n = 0
+        with self._step:
+            n = self._drain()
+        return n
+
+    def _drain(self) -> int:
+        """Queue → window; a count window is evaluated exactly every ``step`` observations."""
+        n = 0
+        counted = self.config.window.seconds is None
         while self._pending:
             t, values, outputs, meta = self._pending.popleft()
             obs = self.tap.observe(t, values, outputs, meta)
             with self._lock:
                 self._window.append(obs)
             n += 1
-        self.observed += n
-        self._since_eval += n
+            self.observed += 1
+            self._since_eval += 1
+            if counted and self._since_eval >= self.config.window.every:
+                self._evaluate()
         return n
-
-    def _due(self, now: float) -> bool:
-        win = self.config.window
-        if win.seconds is not None:
-            return now - self._last_eval_t >= win.every and bool(self._window)
-        return self._since_eval >= win.every
 
     def _sample_saturation(self) -> None:
         ctx = self._ctx
@@ -215,13 +221,13 @@ class LiveMonitor(ServeAddon):
         self._saturation.append((self.clock(), max(values)))
 
     def _rejected_total(self) -> float:
+        """The server's rejections so far (its counter's own samples, not the registry: no lock, no recursion)."""
         ctx = self._ctx
         if ctx is None:
             return 0.0
-        from usg.serve.metrics import REJECT_REASONS
-
-        reg = ctx.metrics.registry
-        return sum(reg.get_sample_value("usg_rejected_requests_total", {"reason": r}) or 0.0 for r in REJECT_REASONS)
+        return sum(
+            s.value for fam in ctx.metrics.rejected.collect() for s in fam.samples if s.name.endswith("_total")
+        )
 
     def _sample_rejections(self, now: float) -> None:
         self._rejections.append((now, self._rejected_total()))
@@ -241,6 +247,10 @@ class LiveMonitor(ServeAddon):
 
     def evaluate(self) -> dict[str, Any]:
         """Compare the current window with the reference now; keeps the result as ``latest``."""
+        with self._step:
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, Any]:
         window = self.window_profile()
         result = compare_profiles(self.reference, window, self.config.thresholds)
         result["evaluated_at"] = time.time()
