@@ -15,7 +15,7 @@ from usg.monitor.drift import compare_profiles, psi
 from usg.monitor.features import image_features, sniff_format, text_features
 from usg.monitor.sketch import Observation, summarize
 
-WORDS = "alpha beta gamma delta total due invoice amount paid date order".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "total", "due", "invoice", "amount", "paid", "date", "order"]
 INPUTS = {"image": "image", "text": "text"}
 EMB = OutputWatch("emb", Ref("embed", "embedding"), "embedding")
 WINDOW = 100

@@ -25,7 +25,7 @@ from usg.serve import create_app
 
 MONITOR = Path(__file__).resolve().parents[1] / "resources" / "monitor"
 sys.path.insert(0, str(MONITOR))
-WORDS = "alpha beta gamma delta total due invoice amount paid date order".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "total", "due", "invoice", "amount", "paid", "date", "order"]
 
 
 def _texts(n: int, seed: int, times: int = 1) -> list[str]:

@@ -225,9 +225,7 @@ class LiveMonitor(ServeAddon):
         ctx = self._ctx
         if ctx is None:
             return 0.0
-        return sum(
-            s.value for fam in ctx.metrics.rejected.collect() for s in fam.samples if s.name.endswith("_total")
-        )
+        return sum(s.value for fam in ctx.metrics.rejected.collect() for s in fam.samples if s.name.endswith("_total"))
 
     def _sample_rejections(self, now: float) -> None:
         self._rejections.append((now, self._rejected_total()))

@@ -26,7 +26,7 @@ class NodeSpan:
     batch_wait_ms: float = 0.0
     compute_ms: float = 0.0
     items: int = 1
-    upstream: tuple[str, ...] = ()
+    upstream: tuple[str, ...] | None = None  # graph upstream nodes, when the span says (USG's trace file)
 
     @property
     def wall_ms(self) -> float:
@@ -110,7 +110,7 @@ def _build(trace_id: str, spans: list[dict[str, Any]]) -> list[RequestTrace]:
                 continue
             a = _attrs(s)
             s0, s1 = int(s.get("startTimeUnixNano", start)), int(s.get("endTimeUnixNano", start))
-            up = a.get("usg.upstream") or ()
+            up = a.get("usg.upstream")
             req.nodes.append(
                 NodeSpan(
                     str(a.get("usg.node", str(s["name"])[5:])),
@@ -122,7 +122,7 @@ def _build(trace_id: str, spans: list[dict[str, Any]]) -> list[RequestTrace]:
                     float(a.get("usg.batch_wait_ms", 0.0) or 0.0),
                     float(a.get("usg.compute_ms", 0.0) or 0.0),
                     int(a.get("usg.items", 1) or 1),
-                    tuple(str(u) for u in up) if isinstance(up, list) else (),
+                    tuple(str(u) for u in up) if isinstance(up, list) else None,
                 )
             )
         out.append(req)

@@ -3,9 +3,9 @@ queue wait, batch wait, compute and transfer per node; in aggregate the share of
 per node and per cause.
 
 - **Critical path** (as Jaeger's, on node spans): from the request's end, repeatedly take the node that
-  finished last before the current point (preferring the previous node's graph upstream when the
-  span says it), then continue from that node's start. Gaps between path nodes are *transfer* of the
-  later node (hand-off, scheduling); the gaps at the request's two ends belong to ``(executor)``.
+  finished last before the current point (among the previous node's graph upstream when the span
+  lists it, as USG's trace file does), then continue from that node's start. Gaps between path
+  nodes are *transfer* of the later node (hand-off, scheduling); the gaps at the request's two ends belong to ``(executor)``.
 - **Split of a node's wall time**: model nodes: ``batch_wait`` (the batch window, ``usg.batch_wait_ms``),
   ``queue`` (the rest of the queue wait: a free instance), ``compute`` (the backend), and ``transfer``
   (the rest: input checks, hand-off to the worker thread); when the item sums of a ``map`` node exceed
@@ -63,28 +63,32 @@ def parse_slo(text: str) -> SLO:
     return SLO(stat, num * (1000.0 if unit == "s" else 1.0))
 
 
-def critical_path(req: RequestTrace) -> list[tuple[NodeSpan, float]]:
-    """Path nodes in time order, each with the gap (ms) between its start and the previous path node's end."""
+def critical_path(req: RequestTrace) -> list[tuple[NodeSpan, float, float]]:
+    """Path nodes in time order, each with the gap (ms) between its start and the previous path node's end,
+    and the part of its wall time (ms) on the path (a node that ends a hair after its successor started
+    is clipped there, so the parts and gaps add up to the request's latency)."""
     cur = req.latency_ms
-    chosen: list[NodeSpan] = []
+    chosen: list[tuple[NodeSpan, float, float]] = []  # node, clipped start, clipped end
     remaining = list(req.nodes)
-    while remaining:
+    while remaining and cur > 0:
         cands = [n for n in remaining if n.end_ms <= cur + _EPS_MS]
-        if chosen and chosen[-1].upstream:
-            preferred = [n for n in cands if n.node in chosen[-1].upstream]
-            cands = preferred or cands
+        upstream = chosen[-1][0].upstream if chosen else None
+        if upstream is not None:  # the graph's edges are known: only an upstream node can hold this one up
+            cands = [n for n in cands if n.node in upstream]
         if not cands:
             break
         node = max(cands, key=lambda n: n.end_ms)
-        chosen.append(node)
-        remaining = [n for n in remaining if n is not node and n.end_ms <= node.start_ms + _EPS_MS]
-        cur = node.start_ms
+        end = min(node.end_ms, cur)
+        start = min(max(0.0, node.start_ms), end)
+        chosen.append((node, start, end))
+        remaining = [n for n in remaining if n is not node and n.end_ms <= start + _EPS_MS]
+        cur = start
     chosen.reverse()
-    out: list[tuple[NodeSpan, float]] = []
+    out: list[tuple[NodeSpan, float, float]] = []
     prev_end = None
-    for n in chosen:
-        out.append((n, 0.0 if prev_end is None else max(0.0, n.start_ms - prev_end)))
-        prev_end = n.end_ms
+    for n, start, end in chosen:
+        out.append((n, 0.0 if prev_end is None else max(0.0, start - prev_end), end - start))
+        prev_end = end
     return out
 
 
@@ -112,12 +116,17 @@ def split_request(req: RequestTrace) -> dict[tuple[str, str], float]:
     if not path:
         add(EXECUTOR, "transfer", req.latency_ms)
         return out
-    add(EXECUTOR, "transfer", max(0.0, path[0][0].start_ms))
-    for n, gap in path:
+    first_start = req.latency_ms
+    last_end = 0.0
+    for n, gap, part in path:
         add(n.node, "transfer", gap)
+        scale = part / n.wall_ms if n.wall_ms > 0 else 0.0
         for cause, ms in _node_split(n).items():
-            add(n.node, cause, ms)
-    add(EXECUTOR, "transfer", max(0.0, req.latency_ms - path[-1][0].end_ms))
+            add(n.node, cause, ms * scale)
+        first_start = min(first_start, min(max(0.0, n.start_ms), n.end_ms))
+        last_end = max(last_end, min(n.end_ms, req.latency_ms))
+    # the request's two ends: before the first path node started, after the last one ended
+    add(EXECUTOR, "transfer", first_start + max(0.0, req.latency_ms - last_end))
     return out
 
 
@@ -147,7 +156,8 @@ def attribute(requests: Sequence[RequestTrace], slo: SLO, *, worst: int = 10) ->
     latencies = [r.latency_ms for r in requests]
     splits = [split_request(r) for r in requests]
     bad = [i for i, r in enumerate(requests) if r.latency_ms > slo.threshold_ms]
-    good = [i for i in range(len(requests)) if i not in set(bad)]
+    bad_set = set(bad)
+    good = [i for i in range(len(requests)) if i not in bad_set]
     keys = {k for s in splits for k in s}
     baseline = {k: float(np.median([splits[i].get(k, 0.0) for i in good])) if good else 0.0 for k in keys}
     excess: dict[tuple[str, str], float] = {}
@@ -178,7 +188,7 @@ def attribute(requests: Sequence[RequestTrace], slo: SLO, *, worst: int = 10) ->
                 "trace_id": requests[i].trace_id,
                 "latency_ms": requests[i].latency_ms,
                 "status": requests[i].status,
-                "critical_path": [n.node for n, _ in critical_path(requests[i])],
+                "critical_path": [n.node for n, _, _ in critical_path(requests[i])],
                 "split_ms": {f"{n}/{c}": v for (n, c), v in sorted(splits[i].items(), key=lambda kv: -kv[1])},
             }
             for i in order

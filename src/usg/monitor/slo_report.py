@@ -77,7 +77,7 @@ def _cdf(plt: Any, data: Mapping[str, Any]) -> Figure:
 
 
 def _timeline(plt: Any, req: RequestTrace) -> Figure:
-    on_path = {n.node for n, _ in critical_path(req)}
+    on_path = {n.node for n, _, _ in critical_path(req)}
     nodes = sorted(req.nodes, key=lambda n: n.start_ms)
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(nodes) + 1.8))
     for i, n in enumerate(nodes):

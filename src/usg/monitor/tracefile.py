@@ -131,9 +131,8 @@ class TraceFileWriter(ServeAddon):
         for ev in events:
             s, e = self._ns(ev.start), self._ns(ev.end)
             nattrs: dict[str, Any] = {"usg.node": ev.node, "usg.kind": ev.kind, "usg.items": ev.items}
-            upstream = sorted(self.graph.upstream(ev.node)) if ev.node in self.graph.nodes else []
-            if upstream:
-                nattrs["usg.upstream"] = upstream
+            if ev.node in self.graph.nodes:
+                nattrs["usg.upstream"] = sorted(self.graph.upstream(ev.node))
             if ev.model is not None:
                 nattrs.update(
                     {
