@@ -5,7 +5,8 @@ per node and per cause.
 - **Critical path** (as Jaeger's, on node spans): from the request's end, repeatedly take the node that
   finished last before the current point (among the previous node's graph upstream when the span
   lists it, as USG's trace file does), then continue from that node's start. Gaps between path
-  nodes are *transfer* of the later node (hand-off, scheduling); the gaps at the request's two ends belong to ``(executor)``.
+  nodes are *transfer* of the later node (hand-off, scheduling); the gaps at the request's two ends
+  belong to ``(executor)``.
 - **Split of a node's wall time**: model nodes: ``batch_wait`` (the batch window, ``usg.batch_wait_ms``),
   ``queue`` (the rest of the queue wait: a free instance), ``compute`` (the backend), and ``transfer``
   (the rest: input checks, hand-off to the worker thread); when the item sums of a ``map`` node exceed
