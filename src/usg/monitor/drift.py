@@ -22,14 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from usg.errors import UsageError
+from usg.errors import MissingDependency, UsageError
 from usg.monitor.config import Thresholds
 from usg.monitor.sketch import cosine_distances
 
-__all__ = ["compare_profiles", "mmd_test", "psi"]
+__all__ = ["compare_profiles", "mmd_test", "psi", "require_scipy"]
 
 _MIN_SAMPLES = 8
 _SMOOTH = 0.5
+
+
+def require_scipy(purpose: str) -> None:
+    """Raise MissingDependency with the pip line when scipy (the ``monitor`` extra) is missing."""
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        raise MissingDependency("scipy", "monitor", purpose) from None
 
 
 def _proportions(counts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -183,6 +191,7 @@ def compare_profiles(
     reference: Mapping[str, Any], current: Mapping[str, Any], thresholds: Thresholds
 ) -> dict[str, Any]:
     """Every test of ``current`` against ``reference`` (both profile bodies), flags and a verdict."""
+    require_scipy("drift tests")
     if not reference.get("inputs") and not reference.get("outputs"):
         raise UsageError("the reference profile has no inputs or outputs; fix: build it with `usg profile`")
     alpha = thresholds.p_value

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from usg.graph.model import Graph
 from usg.monitor.addon import ServeAddon
 from usg.monitor.config import MonitorConfig, monitor_config
-from usg.monitor.drift import compare_profiles
+from usg.monitor.drift import compare_profiles, require_scipy
 from usg.monitor.features import sniff_format
 from usg.monitor.health import RequestRecord, health_score
 from usg.monitor.sketch import Observation, summarize
@@ -54,6 +54,7 @@ class LiveMonitor(ServeAddon):
         clock: Callable[[], float] = time.monotonic,
         seed: int = 0,
     ) -> None:
+        require_scipy("usg serve --reference (live drift)")
         self.graph = graph
         self.reference = reference
         self.config = config or monitor_config(graph)

@@ -223,6 +223,9 @@ def build_profile(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run every sample request through ``graph`` and return the reference profile (a JSON-able dict)."""
+    from usg.monitor.drift import require_scipy
+
+    require_scipy("usg profile")
     config = config or monitor_config(graph)
     requests = collect_requests(graph, folder)
     tap = Tap(graph, config)
