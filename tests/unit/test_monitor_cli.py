@@ -44,7 +44,8 @@ def test_serve_refuses_monitoring_on_ray(tmp_path: Path, capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as exc:
         main(["serve", str(MONITOR / "graph.yaml"), "--engine", "ray", "--reference", str(ref)])
     assert exc.value.code == 2
-    assert "--reference and --trace-file work with the embedded engine; fix: drop --engine ray" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--reference and --trace-file work with the embedded engine; fix: drop --engine ray" in err
 
 
 def test_report_needs_html_or_pdf(tmp_path: Path) -> None:
