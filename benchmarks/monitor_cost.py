@@ -90,6 +90,45 @@ def _reference(graph_path: Path, samples: list[Any], folder: Path) -> Path:
     return ref
 
 
+def _hook_cost(graph_path: Path, ref: Path, samples: list[Any], n: int = 200, reps: int = 5) -> dict[str, float]:
+    """In-process: the monitor's event-loop hooks per request, its worker per observation, one evaluation."""
+    import numpy as np
+
+    from usg.graph import load_graph
+    from usg.monitor.live import LiveMonitor
+    from usg.monitor.profile import load_profile
+
+    graph = load_graph(graph_path)
+    monitor = LiveMonitor(graph, load_profile(ref))
+    rng = np.random.default_rng(0)
+    hooks, work = [], []
+    for _ in range(reps):
+        batch = []
+        for i in range(n):
+            s = samples[i % len(samples)]
+            values = dict(s.inputs())
+            nodes = {"text_emb": {"embedding": rng.normal(size=(1, 384)).astype(np.float32)}}
+            if "image" in values:
+                nodes["ocr_emb"] = {"embedding": rng.normal(size=(1, 384)).astype(np.float32)}
+            batch.append((f"r{i}", values, nodes))
+        t0 = time.perf_counter()
+        for rid, values, nodes in batch:
+            monitor.request_values(rid, values, nodes)
+            monitor.request_finished(rid, sorted(values), 0.3, "ok", [])
+        hooks.append((time.perf_counter() - t0) / n)
+        t0 = time.perf_counter()
+        monitor.process_pending()  # a full window: includes its evaluation
+        work.append((time.perf_counter() - t0) / n)
+    t0 = time.perf_counter()
+    monitor.evaluate()
+    return {
+        "hooks_us_per_request": statistics.median(hooks) * 1e6,
+        "worker_ms_per_request": statistics.median(work) * 1e3,
+        "evaluation_ms": (time.perf_counter() - t0) * 1e3,
+        "window": float(n),
+    }
+
+
 async def _round(url: str, name: str, samples: list[Any], args: argparse.Namespace) -> dict[str, Any]:
     from usg.bench.loadgen import run_closed
     from usg.bench.samples import sample_cycle
@@ -117,35 +156,35 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
     samples = _samples(args.workload)
-    with tempfile.TemporaryDirectory(prefix="usg-monitor-cost-") as tmp:
-        folder = Path(tmp)
-        graph = folder / "graph.yaml"
-        graph.write_text(EXAMPLE.read_text() + MONITOR_SECTION)
-        print(f"building the reference profile from {len(samples) * 3} sample requests ...", flush=True)
-        ref = _reference(graph, samples, folder)
-        plain, plain_url = _start(graph, [], folder / "plain.log")
-        monitored, mon_url = _start(graph, ["--reference", str(ref)], folder / "monitored.log")
-        rows: list[dict[str, Any]] = []
-        try:
-            for r in range(args.rounds):
-                order = [("plain", plain_url), ("monitored", mon_url)]
-                if r % 2:
-                    order.reverse()  # alternate who goes first, so a load trend on the box does not favour one
-                for name, url in order:
-                    s = asyncio.run(_round(url, name, samples, args))
-                    s["round"] = r
-                    rows.append(s)
-                    print(
-                        f"round {r} {name:9s} p50 {s['p50_ms']:8.1f} ms  p95 {s['p95_ms']:8.1f} ms  "
-                        f"{s['throughput_rps']:6.2f} req/s  ({s['completed']} requests, {s['errors']} errors)",
-                        flush=True,
-                    )
-            with urllib.request.urlopen(f"{mon_url}/v1/monitor", timeout=30) as resp:
-                snap = json.loads(resp.read())
-        finally:
-            for proc in (plain, monitored):
-                proc.terminate()
-                proc.wait(timeout=60)
+    folder = Path(tempfile.mkdtemp(prefix="usg-monitor-cost-"))  # kept: the server logs are in it
+    graph = folder / "graph.yaml"
+    graph.write_text(EXAMPLE.read_text() + MONITOR_SECTION)
+    print(f"building the reference profile from {len(samples) * 3} sample requests ...", flush=True)
+    ref = _reference(graph, samples, folder)
+    plain, plain_url = _start(graph, [], folder / "plain.log")
+    monitored, mon_url = _start(graph, ["--reference", str(ref)], folder / "monitored.log")
+    rows: list[dict[str, Any]] = []
+    try:
+        for r in range(args.rounds):
+            order = [("plain", plain_url), ("monitored", mon_url)]
+            if r % 2:
+                order.reverse()  # alternate who goes first, so a load trend on the box does not favour one
+            for name, url in order:
+                s = asyncio.run(_round(url, name, samples, args))
+                s["round"] = r
+                rows.append(s)
+                print(
+                    f"round {r} {name:9s} p50 {s['p50_ms']:8.1f} ms  p95 {s['p95_ms']:8.1f} ms  "
+                    f"{s['throughput_rps']:6.2f} req/s  ({s['completed']} requests, {s['errors']} errors)",
+                    flush=True,
+                )
+        with urllib.request.urlopen(f"{mon_url}/v1/monitor", timeout=30) as resp:
+            snap = json.loads(resp.read())
+    finally:
+        for proc in (plain, monitored):
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(f"server logs in {folder}")
     ratios = []
     for r in range(args.rounds):
         a = next(x for x in rows if x["round"] == r and x["system"] == "plain")
@@ -160,8 +199,21 @@ def main() -> None:
         f"monitor: {snap['window']['observed_total']} observed, {snap['window']['dropped']} dropped, "
         f"{snap['window']['evaluations']} windows evaluated, health {snap['health']['score']}"
     )
+    errors = [e for x in rows for e in x.get("error_samples", [])]
+    if errors:
+        print("errors:", *errors[:5], sep="\n  ")
+    cost = _hook_cost(graph, ref, samples)
+    plain_rps = statistics.median(x["throughput_rps"] for x in rows if x["system"] == "plain")
+    cpu_per_request_ms = 2 * 1e3 / plain_rps if plain_rps else float("nan")  # 2 cores busy in a closed loop
+    print(
+        f"in-process: hooks {cost['hooks_us_per_request']:.1f} µs per request on the event loop; worker "
+        f"{cost['worker_ms_per_request']:.3f} ms per request (features + its share of a window evaluation, "
+        f"{cost['evaluation_ms']:.0f} ms per {cost['window']:.0f}-request window) = "
+        f"{cost['worker_ms_per_request'] / cpu_per_request_ms:.2%} of the {cpu_per_request_ms:.1f} ms of CPU "
+        "one request costs the plain server (2 cores / its req/s)"
+    )
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rounds": rows, "in_process": cost}, indent=1))
 
 
 if __name__ == "__main__":

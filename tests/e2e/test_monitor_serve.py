@@ -55,10 +55,10 @@ def test_served_monitor_and_slo_report_from_the_trace_file(tmp_path: Path) -> No
     server = start_server(GRAPH, "--reference", str(ref), "--trace-file", str(trace), tmp=tmp_path, env=env)
     try:
         _exercise(server, ref)
+        _report(trace, tmp_path, f"{server.url}/metrics")  # the writer flushes each line when idle
     finally:
         code = server.stop()
     assert code == 0, server.output()
-    _report(trace, tmp_path)
 
 
 def _exercise(server: Any, ref: Path) -> None:
@@ -83,14 +83,28 @@ def _exercise(server: Any, ref: Path) -> None:
     assert 'usg_drift_feature_psi{feature="characters",input="text"}' in metrics
 
 
-def _report(trace: Path, tmp_path: Path) -> None:
+def _report(trace: Path, tmp_path: Path, metrics_url: str) -> None:
     assert len(trace.read_text().splitlines()) == 60
     out, js = tmp_path / "report.pdf", tmp_path / "report.json"
     usg = Path(sys.executable).parent / "usg"
-    cmd = [str(usg), "report", "slo", str(trace), "--slo", "p95<800ms", "-o", str(out), "--json-out", str(js)]
+    cmd = [
+        str(usg),
+        "report",
+        "slo",
+        str(trace),
+        "--slo",
+        "p95<800ms",
+        "-o",
+        str(out),
+        "--json-out",
+        str(js),
+        "--metrics",
+        metrics_url,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     data = json.loads(js.read_text())
     assert data["violating"] == 10 and not data["met"]
     assert data["budget"]["per_node"]["slow"] >= 0.9
     assert out.read_bytes().startswith(b"%PDF")
+    assert 0 < data["metrics"]["usg_health_score"] <= 100

@@ -172,3 +172,23 @@ def test_monitor_section_errors_name_the_field() -> None:
         parse_monitor({"thresholds": {"alpha": 0.1}}, graph)
     cfg = parse_monitor({"window": {"seconds": 30, "step": 10}}, graph)
     assert cfg.window.seconds == 30 and cfg.window.every == 10
+
+
+def test_time_window_keeps_only_the_last_seconds(reference: Path) -> None:
+    from usg.monitor.config import MonitorConfig, WindowSpec, monitor_config
+    from usg.monitor.profile import load_profile
+
+    graph = load_graph(MONITOR / "graph.yaml")
+    now = [1000.0]
+    base = monitor_config(graph)
+    config = MonitorConfig(window=WindowSpec(size=None, seconds=30.0), outputs=base.outputs)
+    monitor = LiveMonitor(graph, load_profile(reference), config, clock=lambda: now[0])
+    for i, text in enumerate(_texts(40, 5, times=2) + _texts(40, 6)):
+        now[0] = 1000.0 + i  # one request a second: the doubled texts are older than 30 s at the end
+        monitor.request_values(f"r{i}", {"text": text}, {})
+        monitor.request_finished(f"r{i}", ["text"], 0.01, "ok", [])
+        monitor.process_pending()
+    assert monitor.evaluations == 0  # time windows are evaluated by the worker every `step` seconds
+    result = monitor.evaluate()
+    assert result["window_count"] == 31 and not result["drift"], result["drifted"]
+    assert monitor.health()["requests"] == 31

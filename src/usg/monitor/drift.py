@@ -7,7 +7,7 @@ window without shift raises an alarm is at most ``p_value`` × families):
   (``scipy.stats.ks_2samp``) and PSI over the reference's decile bins; categorical features
   (image format) a chi-square test of the 2×k table (``scipy.stats.chi2_contingency``) and PSI over
   categories. A feature drifts when its test is significant **and** PSI ≥ ``psi``.
-- **each embedding output**: MMD² with an RBF kernel (median-heuristic bandwidth), p-value from
+- **each embedding output**: MMD² with an RBF kernel (median-heuristic bandwidth; up to 100 rows a side), p-value from
   ``scipy.stats.permutation_test``, and KS of the cosine distances to the reference centroid. It
   drifts when either is significant; the centroid's cosine shift is reported (and warned on above
   ``cosine``).
@@ -29,6 +29,7 @@ from usg.monitor.sketch import cosine_distances
 __all__ = ["compare_profiles", "mmd_test", "psi", "require_scipy"]
 
 _MIN_SAMPLES = 8
+_MMD_ROWS = 100  # rows per side in the MMD test (its cost grows with the square of the rows)
 _SMOOTH = 0.5
 
 
@@ -151,6 +152,12 @@ def _feature_tests(ref: Mapping[str, Any], cur: Mapping[str, Any]) -> list[dict[
     return tests
 
 
+def _rows(x: np.ndarray[Any, Any], seed: int = 0) -> np.ndarray[Any, Any]:
+    if len(x) <= _MMD_ROWS:
+        return x
+    return x[np.sort(np.random.default_rng(seed).choice(len(x), _MMD_ROWS, replace=False))]
+
+
 def _embedding_tests(name: str, ref: Mapping[str, Any], cur: Mapping[str, Any], th: Thresholds) -> dict[str, Any]:
     from scipy.stats import ks_2samp
 
@@ -161,7 +168,7 @@ def _embedding_tests(name: str, ref: Mapping[str, Any], cur: Mapping[str, Any], 
     rc, cc = np.asarray(ref["centroid"]), np.asarray(cur["centroid"])
     denom = float(np.linalg.norm(rc) * np.linalg.norm(cc))
     shift = 1.0 - float(rc @ cc) / denom if denom > 0 else 0.0
-    mmd2, mmd_p = mmd_test(x, y, permutations=th.permutations)
+    mmd2, mmd_p = mmd_test(_rows(x), _rows(y), permutations=th.permutations)
     ks = ks_2samp(_sample(ref.get("distance", {})), cosine_distances(y, rc))
     return {
         "output": name,

@@ -42,6 +42,20 @@ _TICK_S = 0.25
 _TIME_WINDOW_CAP = 20_000
 
 
+def _with_arrays(doc: Any) -> Any:
+    """A copy of a profile with its samples and centroids as numpy arrays (converted once, not per window)."""
+    import numpy as np
+
+    if isinstance(doc, dict):
+        return {
+            k: np.asarray(v, dtype=np.float64)
+            if k in ("sample", "centroid") and isinstance(v, list)
+            else _with_arrays(v)
+            for k, v in doc.items()
+        }
+    return doc
+
+
 class LiveMonitor(ServeAddon):
     """Drift of the serving window against ``reference`` and the health score, for one executor."""
 
@@ -56,7 +70,7 @@ class LiveMonitor(ServeAddon):
     ) -> None:
         require_scipy("usg serve --reference (live drift)")
         self.graph = graph
-        self.reference = reference
+        self.reference = _with_arrays(reference)
         self.config = config or monitor_config(graph)
         self.tap = Tap(graph, self.config)
         self.clock = clock
@@ -232,8 +246,9 @@ class LiveMonitor(ServeAddon):
         self._rejections.append((now, self._rejected_total()))
 
     # -- results -----------------------------------------------------------------------------
-    def window_profile(self) -> dict[str, Any]:
-        """The current window summarised like a profile (``GET /v1/monitor/window``, ``usg drift``)."""
+    def window_profile(self, *, raw: bool = False) -> dict[str, Any]:
+        """The current window summarised like a profile (``GET /v1/monitor/window``, ``usg drift``);
+        ``raw`` keeps the samples as arrays (for the evaluation, no JSON round trip)."""
         from usg.monitor.profile import PROFILE_FORMAT
 
         now = self.clock()
@@ -241,7 +256,7 @@ class LiveMonitor(ServeAddon):
             obs = [
                 o for o in self._window if self.config.window.seconds is None or now - o.t <= self.config.window.seconds
             ]
-        body = summarize(obs, self.tap.input_modalities, self.config.outputs, cap=self.config.reference_size)
+        body = summarize(obs, self.tap.input_modalities, self.config.outputs, cap=self.config.reference_size, raw=raw)
         return {"format": PROFILE_FORMAT, "graph": self.reference.get("graph", {}), "window": True, **body}
 
     def evaluate(self) -> dict[str, Any]:
@@ -250,7 +265,7 @@ class LiveMonitor(ServeAddon):
             return self._evaluate()
 
     def _evaluate(self) -> dict[str, Any]:
-        window = self.window_profile()
+        window = self.window_profile(raw=True)
         result = compare_profiles(self.reference, window, self.config.thresholds)
         result["evaluated_at"] = time.time()
         result["window"] = self.config.window.describe()

@@ -35,6 +35,13 @@ def _r(x: float) -> float:
     return float(f"{float(x):.7g}")
 
 
+def _vec(x: np.ndarray[Any, Any], raw: bool) -> Any:
+    """A sample array as JSON data (rounded lists), or as is for in-process use (``raw``)."""
+    if raw:
+        return x
+    return np.round(np.asarray(x, dtype=np.float64), 6).tolist()
+
+
 def _pick(n: int, cap: int, seed: int) -> np.ndarray[Any, Any]:
     """Indices of a deterministic subsample of ``cap`` out of ``n`` (all when n <= cap), in order."""
     if n <= cap:
@@ -42,7 +49,9 @@ def _pick(n: int, cap: int, seed: int) -> np.ndarray[Any, Any]:
     return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
 
 
-def numeric_summary(values: Sequence[float] | np.ndarray[Any, Any], cap: int, seed: int = 0) -> dict[str, Any]:
+def numeric_summary(
+    values: Sequence[float] | np.ndarray[Any, Any], cap: int, seed: int = 0, raw: bool = False
+) -> dict[str, Any]:
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return {"n": 0, "sample": []}
@@ -53,7 +62,7 @@ def numeric_summary(values: Sequence[float] | np.ndarray[Any, Any], cap: int, se
         "min": _r(x.min()),
         "max": _r(x.max()),
         "quantiles": {f"p{round(q * 100)}": _r(v) for q, v in zip(_QUANTILES, np.quantile(x, _QUANTILES), strict=True)},
-        "sample": [_r(v) for v in x[_pick(x.size, cap, seed)]],
+        "sample": _vec(x[_pick(x.size, cap, seed)], raw),
     }
 
 
@@ -83,7 +92,7 @@ def cosine_distances(rows: np.ndarray[Any, Any], centroid: np.ndarray[Any, Any])
     return np.asarray(cdist(rows.astype(np.float64), centroid.reshape(1, -1).astype(np.float64), "cosine")[:, 0])
 
 
-def _embedding(rows: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: int) -> dict[str, Any]:
+def _embedding(rows: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: int, raw: bool) -> dict[str, Any]:
     centroid = rows.mean(axis=0)
     dist = cosine_distances(rows, centroid) if np.linalg.norm(centroid) > 0 else np.zeros(len(rows))
     pick = _pick(len(rows), EMBEDDING_SAMPLE, seed)
@@ -92,13 +101,13 @@ def _embedding(rows: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: i
         "ref": str(watch.ref),
         "count": len(rows),
         "dim": int(rows.shape[1]),
-        "centroid": [_r(v) for v in centroid],
-        "distance": numeric_summary(dist, cap, seed),
-        "sample": [[_r(v) for v in row] for row in rows[pick]],
+        "centroid": _vec(centroid, raw),
+        "distance": numeric_summary(dist, cap, seed, raw),
+        "sample": _vec(rows[pick], raw),
     }
 
 
-def _score(values: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: int) -> dict[str, Any]:
+def _score(values: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: int, raw: bool) -> dict[str, Any]:
     lo, hi = watch.range if watch.range is not None else (float(values.min()), float(values.max()))
     if hi <= lo:
         hi = lo + 1.0
@@ -109,7 +118,7 @@ def _score(values: np.ndarray[Any, Any], watch: OutputWatch, cap: int, seed: int
         "ref": str(watch.ref),
         "count": int(values.size),
         "histogram": {"edges": [_r(e) for e in edges], "counts": [int(c) for c in counts]},
-        "values": numeric_summary(values, cap, seed),
+        "values": numeric_summary(values, cap, seed, raw),
     }
 
 
@@ -120,8 +129,10 @@ def summarize(
     *,
     cap: int = 1000,
     seed: int = 0,
+    raw: bool = False,
 ) -> dict[str, Any]:
-    """``inputs``: input name → modality. Returns ``{count, presence, inputs, outputs}``."""
+    """``inputs``: input name → modality. Returns ``{count, presence, inputs, outputs}``; ``raw`` keeps
+    samples as numpy arrays (for comparing in-process) instead of rounded JSON lists."""
     n = len(observations)
     body: dict[str, Any] = {"count": n, "presence": {}, "inputs": {}, "outputs": {}}
     for name, modality in inputs.items():
@@ -139,7 +150,7 @@ def summarize(
         body["inputs"][name] = {
             "modality": modality,
             "count": len(seen),
-            "numeric": {k: numeric_summary(v, cap, seed) for k, v in sorted(numeric.items())},
+            "numeric": {k: numeric_summary(v, cap, seed, raw) for k, v in sorted(numeric.items())},
             "categorical": {k: dict(sorted(v.items())) for k, v in sorted(categorical.items())},
         }
     for watch in watches:
@@ -150,7 +161,7 @@ def summarize(
             continue
         rows = np.concatenate(parts, axis=0)
         if watch.kind == "embedding":
-            body["outputs"][watch.name] = _embedding(rows, watch, cap, seed)
+            body["outputs"][watch.name] = _embedding(rows, watch, cap, seed, raw)
         else:
-            body["outputs"][watch.name] = _score(rows.reshape(-1), watch, cap, seed)
+            body["outputs"][watch.name] = _score(rows.reshape(-1), watch, cap, seed, raw)
     return body
