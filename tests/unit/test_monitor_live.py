@@ -192,3 +192,14 @@ def test_time_window_keeps_only_the_last_seconds(reference: Path) -> None:
     result = monitor.evaluate()
     assert result["window_count"] == 31 and not result["drift"], result["drifted"]
     assert monitor.health()["requests"] == 31
+
+
+def test_a_monitor_behind_drops_and_counts_instead_of_queueing(reference: Path) -> None:
+    from usg.monitor.profile import load_profile
+
+    monitor = LiveMonitor(load_graph(MONITOR / "graph.yaml"), load_profile(reference))
+    big = np.zeros((4000, 4000, 3), dtype=np.uint8)  # 48 MB decoded: the byte budget binds first
+    for i in range(300):
+        monitor.request_values(f"r{i}", {"text": "hello", "image": big}, {})
+    assert monitor.dropped == 300 - 5
+    assert monitor.process_pending() == 5 and monitor.pending_bytes == 0

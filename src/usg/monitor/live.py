@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from usg.graph.model import Graph
 from usg.monitor.addon import ServeAddon
 from usg.monitor.config import MonitorConfig, monitor_config
@@ -37,6 +39,7 @@ __all__ = ["LiveMonitor"]
 
 log = logging.getLogger("usg.monitor")
 _PENDING_MAX = 256
+_PENDING_BYTES = 256 * 2**20  # decoded arrays held for the worker (a 40 MP image is 120 MB)
 _HISTORY = 20
 _TICK_S = 0.25
 _TIME_WINDOW_CAP = 20_000
@@ -44,8 +47,6 @@ _TIME_WINDOW_CAP = 20_000
 
 def _with_arrays(doc: Any) -> Any:
     """A copy of a profile with its samples and centroids as numpy arrays (converted once, not per window)."""
-    import numpy as np
-
     if isinstance(doc, dict):
         return {
             k: np.asarray(v, dtype=np.float64)
@@ -79,7 +80,8 @@ class LiveMonitor(ServeAddon):
         cap = win.size if win.size is not None else _TIME_WINDOW_CAP
         self._pending: collections.deque[tuple[float, Mapping[str, Any], dict[str, Any], dict[str, Any]]]
         self._pending = collections.deque()
-        self._formats: dict[str, dict[str, Any]] = {}
+        self._formats: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._pending_bytes = 0
         self._window: collections.deque[Observation] = collections.deque(maxlen=cap)
         self._requests: collections.deque[RequestRecord] = collections.deque(maxlen=cap)
         self._saturation: collections.deque[tuple[float, float]] = collections.deque(maxlen=cap)
@@ -136,8 +138,10 @@ class LiveMonitor(ServeAddon):
             and n in self.tap.modalities
             and self.tap.modalities[n] is Modality.IMAGE
         }
-        if fmts and len(self._formats) < _PENDING_MAX:
+        if fmts:
             self._formats[request_id] = fmts
+            while len(self._formats) > _PENDING_MAX:  # requests refused before running never pop theirs
+                self._formats.popitem(last=False)
 
     def request_values(
         self, request_id: str, inputs: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any] | None]
@@ -145,9 +149,11 @@ class LiveMonitor(ServeAddon):
         meta = self._formats.pop(request_id, {})
         if self.config.sample < 1.0 and self._rng.random() >= self.config.sample:
             return
-        if len(self._pending) >= _PENDING_MAX:
+        size = sum(v.nbytes for v in inputs.values() if isinstance(v, np.ndarray))
+        if len(self._pending) >= _PENDING_MAX or self._pending_bytes + size > _PENDING_BYTES:
             self.dropped += 1
             return
+        self._pending_bytes += size
         self._pending.append((self.clock(), inputs, self.tap.pick_outputs(inputs, nodes), meta))
         if len(self._pending) >= 16:
             self._wake.set()
@@ -157,6 +163,11 @@ class LiveMonitor(ServeAddon):
     ) -> None:
         self._formats.pop(request_id, None)
         self._requests.append(RequestRecord(self.clock(), seconds, status, tuple(modalities)))
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of decoded arrays queued for the worker (bounded by 256 MiB)."""
+        return self._pending_bytes
 
     # -- worker ------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -214,6 +225,7 @@ class LiveMonitor(ServeAddon):
         counted = self.config.window.seconds is None
         while self._pending:
             t, values, outputs, meta = self._pending.popleft()
+            self._pending_bytes -= sum(v.nbytes for v in values.values() if isinstance(v, np.ndarray))
             obs = self.tap.observe(t, values, outputs, meta)
             with self._lock:
                 self._window.append(obs)
