@@ -92,12 +92,15 @@ def _reference(graph_path: Path, samples: list[Any], folder: Path) -> Path:
 
 def _hook_cost(graph_path: Path, ref: Path, samples: list[Any], n: int = 200, reps: int = 5) -> dict[str, float]:
     """In-process: the monitor's event-loop hooks per request, its worker per observation, one evaluation."""
+    import logging
+
     import numpy as np
 
     from usg.graph import load_graph
     from usg.monitor.live import LiveMonitor
     from usg.monitor.profile import load_profile
 
+    logging.getLogger("usg.monitor").setLevel(logging.ERROR)  # random embeddings drift: no warnings here
     graph = load_graph(graph_path)
     monitor = LiveMonitor(graph, load_profile(ref))
     rng = np.random.default_rng(0)
