@@ -202,6 +202,11 @@ def main() -> None:
         f"monitor: {snap['window']['observed_total']} observed, {snap['window']['dropped']} dropped, "
         f"{snap['window']['evaluations']} windows evaluated, health {snap['health']['score']}"
     )
+    for c in snap["health"]["components"]:
+        print(
+            f"  health {c['name']:17s} value {c['value']!s:9.9s} score {c['score']!s:9.9s} "
+            f"weight {c['effective_weight']}"
+        )
     errors = [e for x in rows for e in x.get("error_samples", [])]
     if errors:
         print("errors:", *errors[:5], sep="\n  ")
