@@ -13,6 +13,7 @@ Subpackages users name directly: ``usg.doctor`` (findings and checks), ``usg.pla
 (memory planner), ``usg.serve`` (HTTP app), ``usg.testing`` (FakeBackend).
 """
 
+from usg import export as _export  # noqa: F401  (registers the model exporters with graph loading)
 from usg.errors import (
     BackendError,
     ContractError,

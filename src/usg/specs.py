@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Dim", "Modality", "TensorSpec", "dtype_name", "onnx_type_to_dtype"]
+__all__ = ["Dim", "Modality", "TensorSpec", "dtype_name", "merge_declared", "onnx_type_to_dtype"]
 
 Dim = int | str | None
 """One axis: a fixed size, a symbolic name shared across axes (``"batch"``), or ``None`` (any)."""
@@ -191,3 +191,18 @@ class TensorSpec:
             if lo < clo or hi > chi:
                 out.append(f"range [{lo:g},{hi:g}] flows into [{clo:g},{chi:g}]")
         return out
+
+
+def merge_declared(base: Mapping[str, TensorSpec], declared: Mapping[str, TensorSpec]) -> dict[str, TensorSpec]:
+    """``base`` specs (from a model file) tightened by the graph's declared ones, port by port:
+    a declared dtype, shape or layout replaces the file's; the declared range is the range."""
+    merged = dict(base)
+    for port, spec in declared.items():
+        was = merged.get(port, TensorSpec())
+        merged[port] = TensorSpec(
+            spec.dtype or was.dtype,
+            spec.shape if spec.shape is not None else was.shape,
+            spec.range,
+            spec.layout or was.layout,
+        )
+    return merged

@@ -142,3 +142,16 @@ def test_bound_measurements_are_summarised_per_level():
     assert s["bound_rps"] == 3.0
     assert s["achieved"] == {"1": 0.5, "16": 0.85}
     assert [m["bound_rps"] for m in s["measurements"]] == [4.0, 2.0, 3.0]
+
+
+def test_plots_of_a_run_where_no_request_completed(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib", reason="plots need usg[report]")
+    from usg.bench.plots import write_plots
+
+    rep = BenchReport("graph.yaml", "graph.yaml", "closed", 2.0, 1.0)
+    rep.results = [result("usg", 2, 0, 0.0), result("sequential", 2, 0, 0.0)]  # an overloaded machine
+    paths = write_plots(rep, tmp_path)  # no "no artists with labels" warning (an error under pytest)
+    assert [p.name for p in paths] == ["latency_cdf.png", "throughput.png"]
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -48,7 +48,6 @@ def test_run_json_prints_exactly_one_object(graph, capsys):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda d: str(d / "missing.png"), "does not exist"),
         (
             lambda d: ((d / "zero.png").write_bytes(b"") and str(d / "zero.png")) or str(d / "zero.png"),
             "is empty (0 bytes)",
@@ -64,6 +63,11 @@ def test_run_bad_images(graph, tmp_path, capsys, make, message):
     code, _, err = run_cli(["run", str(graph), "-i", f"image={path}"], capsys)
     assert code == 1
     assert message in err and "fix:" in err
+
+
+def test_run_missing_image_file_is_a_usage_error(graph, tmp_path, capsys):
+    code, _, err = run_cli(["run", str(graph), "-i", f"image={tmp_path / 'missing.png'}"], capsys)
+    assert code == 2 and "does not exist" in err and "fix:" in err
 
 
 def test_run_bad_arguments(graph, capsys):
@@ -109,3 +113,17 @@ def test_graph_show_engine_ray_lists_the_deployments(tmp_path, capsys):
     text = " ".join(out.split())
     assert "node-raw" in text and "1-3 auto" in text
     assert "router" in text and "node up" in text  # the router runs the other Python node itself
+
+
+def test_doctor_dry_run_says_when_it_passed(graph, tmp_path, capsys):
+    code, _, err = run_cli(["doctor", str(graph), "--dry-run"], capsys)
+    assert code == 0 and f"dry run passed: {graph}" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(GRAPH.replace("testops:upper", "testops:boom"))
+    code, _, err = run_cli(["doctor", str(broken), "--dry-run"], capsys)
+    assert "dry run passed" not in err
+
+
+def test_run_text_output_escapes_markup(graph, capsys):
+    code, out, _ = run_cli(["run", str(graph), "-i", "text=[bold]x[/bold] [batch,seq]"], capsys)
+    assert code == 0 and "[BOLD]X[/BOLD] [BATCH,SEQ]" in out

@@ -15,7 +15,7 @@ from usg.errors import BackendError, GraphError, UsageError
 from usg.graph import DeployPolicy, GraphBuilder
 from usg.graph.model import BatchPolicy, PadPolicy
 from usg.runtime import Executor
-from usg.runtime.batch_call import run_items
+from usg.runtime.kernel import BatchKernel, run_items
 from usg.scale.ray_options import deployment_name, fn_options, model_options, router_options
 from usg.specs import TensorSpec
 from usg.testing import FakeBackend
@@ -152,25 +152,24 @@ def test_run_items_groups_by_shape_pads_where_declared_and_isolates_a_poison_ite
         output_specs={"y": TensorSpec("float32", ("batch", None))},
     )
     items = [{"x": np.zeros((1, n), np.float32)} for n in (2, 3, 2)] + [{"x": np.full((1, 2), np.nan, np.float32)}]
-    out, calls = run_items(fake, "m", items, None, queue_ms=[1.0, 2.0, 3.0, 4.0])
-    # the three (1,2) items with the nan one fail together, split into [a] + [b, nan], then [b] + [nan]; (1,3)
-    assert len(calls) == len(fake.calls) == 6
+    out, calls = asyncio.run(run_items(BatchKernel("m", fake, None), items, queue_ms=[1.0, 2.0, 3.0, 4.0]))
+    # the three (1,2) items with the nan one fail together, then each runs alone (at once); then (1,3)
+    assert len(calls) == len(fake.calls) == 5
     # one event per backend call, as the in-process batcher reports them (failed calls too)
-    assert [(c.indices, c.event.items, c.event.ok) for c in calls] == [
-        ((0, 2, 3), 3, False),
+    assert calls[0].indices == (0, 2, 3) and (calls[0].event.items, calls[0].event.ok) == (3, False)
+    assert sorted((c.indices, c.event.items, c.event.ok) for c in calls[1:4]) == [
         ((0,), 1, True),
-        ((2, 3), 2, False),
         ((2,), 1, True),
         ((3,), 1, False),
-        ((1,), 1, True),
     ]
+    assert (calls[4].indices, calls[4].event.ok) == ((1,), True)
     assert calls[0].event.queue_ms == (1.0, 3.0, 4.0) and calls[0].event.real_elements == 6
     assert [o["y"].shape for o in out[:3] if isinstance(o, dict)] == [(1, 2), (1, 3), (1, 2)]
     assert isinstance(out[3], BackendError) and "nan" in str(out[3])
     assert sorted(c["x"].shape[0] for c in fake.calls)[-1] == 3  # the three (1,2) items shared a call first
     fake.calls.clear()
     pad = PadPolicy(axes={"x": (1,)}, multiple=4, trim={"y": {1: ("x", 1, 1)}})
-    out, calls = run_items(fake, "m", items[:3], pad)
+    out, calls = asyncio.run(run_items(BatchKernel("m", fake, pad), items[:3]))
     assert len(calls) == len(fake.calls) == 1 and fake.calls[0]["x"].shape == (3, 4)
     assert (calls[0].event.real_elements, calls[0].event.padded_elements, calls[0].event.rows) == (7, 12, 3)
     assert [o["y"].shape for o in out if isinstance(o, dict)] == [(1, 2), (1, 3), (1, 2)]

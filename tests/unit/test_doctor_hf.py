@@ -206,6 +206,7 @@ def test_invalid_json_and_non_vlm(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [(336, 336), (480, 640), (1000, 300), (672, 672), (300, 1000), (1024, 768)])
 def test_anyres_matches_transformers(size: tuple[int, int]) -> None:
+    pytest.importorskip("transformers", reason="compares with transformers (usg[torch])")
     from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
 
     pins = json.loads((HF / "llava-v1.6-mistral-7b-hf" / "config.json").read_text())["image_grid_pinpoints"]
@@ -222,6 +223,7 @@ def test_anyres_matches_transformers(size: tuple[int, int]) -> None:
 
 @pytest.mark.parametrize("size", [(448, 448), (1080, 1920), (20, 30), (5000, 4000)])
 def test_qwen_resize_matches_transformers(size: tuple[int, int]) -> None:
+    pytest.importorskip("transformers", reason="compares with transformers (usg[torch])")
     # the module imports torchvision, which is not installed: take the function's own source
     import ast
     import importlib.util

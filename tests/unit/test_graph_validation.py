@@ -97,6 +97,7 @@ outputs: {o: a.text}
 
 
 def test_onnx_port_names_and_edge_dtypes_checked_against_the_model(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     det = "pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
     p = write(
         tmp_path,
@@ -122,6 +123,7 @@ outputs: {{p: det.sigmoid_0.tmp_0, q: det.nope}}
 
 
 def test_map_over_single_tensor_and_list_into_tensor(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     p = write(
         tmp_path,
         """
@@ -167,8 +169,64 @@ outputs: {shout: up.text}
 
 
 def test_pkg_and_relative_paths(tmp_path):
+    pytest.importorskip("rapidocr_onnxruntime", reason="uses the PP-OCR ONNX files of usg[ocr]")
     det = resolve_path("pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", None)
     assert det.is_file()
     assert resolve_path("m.onnx", tmp_path) == (tmp_path / "m.onnx").resolve()
     with pytest.raises(ValueError, match="not installed"):
         resolve_path("pkg://no_such_pkg_xyz/a.onnx", None)
+
+
+TOKENIZER_GRAPH = """
+inputs: {text: {modality: text}}
+models:
+  tok:
+    backend: python
+    options: {callable: "testops:identity"%(options)s}
+    batch: {max_size: 4%(batch)s}
+  file: {backend: tokenizer, path: %(path)s}
+nodes:
+  t: {model: tok, inputs: {x: inputs.text}}
+outputs: {y: t.y}
+%(extra)s
+"""
+
+
+def graph_file(tmp_path: Path, *, options: str = "", batch: str = "", path: str = "tok.json", extra: str = "") -> Path:
+    (tmp_path / "tok.json").write_text("{}")
+    return write(tmp_path, TOKENIZER_GRAPH % {"options": options, "batch": batch, "path": path, "extra": extra})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch": ', pad: {axes: "\\x00"}'}, r"models\.tok\.batch\.pad\.axes: axes is '\\x00'\n.*fix: write axes:"),
+        ({"batch": ", pad: {axes: {x: [a]}}"}, r"pad\.axes\.x: expected integers >= 1, got \['a'\]"),
+        ({"batch": ", preferred_sizes: 1"}, r"preferred_sizes: preferred_sizes is 1, not a list\n.*\[1\]"),
+        ({"path": '"\\x00"'}, r"models\.file\.path: path '\\x00' contains a NUL character"),
+        ({"path": "x" * 5000}, r"models\.file\.path: path 'x{60}\.\.\. \(5000 characters\)' is too long"),
+        (
+            {"options": ", concurrency: all"},
+            r"options\.concurrency: concurrency is 'all'\n.*fix: use a positive integer",
+        ),
+        ({"options": ", call_timeout_ms: -5"}, r"options\.call_timeout_ms: call_timeout_ms is -5\n.*milliseconds"),
+        (
+            {"extra": "limits: {max_fanout_item: 5}"},
+            r"limits\.max_fanout_item: unknown limit 'max_fanout_item'\n.*fix: did you mean 'max_fanout_items'",
+        ),
+        (
+            {"extra": "limits: {max_text_chars: '10k'}"},
+            r"limits\.max_text_chars: max_text_chars is '10k'\n.*positive integer",
+        ),
+    ],
+)
+def test_bad_graph_fields_are_graph_errors_naming_field_value_and_fix(tmp_path, kwargs, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph_file(tmp_path, **kwargs))
+
+
+def test_limits_are_parsed_with_defaults_and_round_trip(tmp_path):
+    g = load_graph(graph_file(tmp_path, extra="limits: {max_fanout_items: 64}"))
+    assert (g.limits.max_fanout_items, g.limits.max_text_chars) == (64, 100_000)
+    assert g.limits.declared() == {"max_fanout_items": 64}
+    assert load_graph(graph_file(tmp_path)).limits.declared() == {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from usg.errors import UsageError
+from usg.errors import InputError, UsageError
 from usg.plan import ModelShape, load_model_config
 
 RES = Path(__file__).resolve().parents[1] / "resources" / "plan"
@@ -99,41 +99,41 @@ def _llama() -> dict[str, object]:
 def test_missing_field_is_named(tmp_path: Path) -> None:
     data = _llama()
     del data["num_hidden_layers"]
-    with pytest.raises(UsageError, match=r"required field 'num_hidden_layers' is missing; fix: copy"):
+    with pytest.raises(InputError, match=r"required field 'num_hidden_layers' is missing; fix: copy"):
         load_model_config(_write(tmp_path, data))
 
 
 def test_negative_field_names_value_and_fix(tmp_path: Path) -> None:
     data = _llama()
     data["hidden_size"] = -4096
-    with pytest.raises(UsageError, match=r"field 'hidden_size' must be >= 1 \(got -4096\); fix:"):
+    with pytest.raises(InputError, match=r"field 'hidden_size' must be >= 1 \(got -4096\); fix:"):
         load_model_config(_write(tmp_path, data))
 
 
 def test_non_integer_field(tmp_path: Path) -> None:
     data = _llama()
     data["num_attention_heads"] = "32"
-    with pytest.raises(UsageError, match=r"'num_attention_heads' must be an integer \(got '32'\)"):
+    with pytest.raises(InputError, match=r"'num_attention_heads' must be an integer \(got '32'\)"):
         load_model_config(_write(tmp_path, data))
 
 
 def test_kv_heads_must_divide_heads(tmp_path: Path) -> None:
     data = _llama()
     data["num_key_value_heads"] = 5
-    with pytest.raises(UsageError, match=r"'num_key_value_heads' must divide num_attention_heads=32"):
+    with pytest.raises(InputError, match=r"'num_key_value_heads' must divide num_attention_heads=32"):
         load_model_config(_write(tmp_path, data))
 
 
 def test_unknown_architecture_lists_supported(tmp_path: Path) -> None:
     data = {"model_type": "falcon", "architectures": ["FalconForCausalLM"]}
-    with pytest.raises(UsageError, match=r"unknown architecture model_type='falcon'.*supported: deepseek_v2"):
+    with pytest.raises(InputError, match=r"unknown architecture model_type='falcon'.*supported: deepseek_v2"):
         load_model_config(_write(tmp_path, data))
 
 
 def test_nested_field_path_is_named(tmp_path: Path) -> None:
     data = json.loads((RES / "qwen2-vl-2b-instruct.json").read_text())
     del data["vision_config"]["depth"]
-    with pytest.raises(UsageError, match=r"'vision_config\.depth' is missing"):
+    with pytest.raises(InputError, match=r"'vision_config\.depth' is missing"):
         load_model_config(_write(tmp_path, data))
 
 
@@ -142,7 +142,7 @@ def test_missing_file_and_bad_json(tmp_path: Path) -> None:
         load_model_config(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(UsageError, match=r"cannot read as JSON"):
+    with pytest.raises(InputError, match=r"cannot read as JSON"):
         load_model_config(bad)
-    with pytest.raises(UsageError, match=r"top level is list"):
+    with pytest.raises(InputError, match=r"top level is list"):
         load_model_config(_write(tmp_path, [1, 2]))

@@ -129,3 +129,12 @@ def test_plot_into_missing_directory(tmp_path: Path) -> None:
     r = run(LLAMA3, "--gpu", "L4", "--max-model-len", "8192", "--plot", str(tmp_path / "no" / "p.png"))
     with pytest.raises(UsageError, match=r"does not exist; fix: create it first"):
         reraise(r)
+
+
+def test_vlm_whose_images_fill_the_context_says_so_and_suggests_valid_knobs() -> None:
+    r = run(str(RES / "qwen2-vl-2b-instruct.json"), "--gpu", "A10G", "--images-per-prompt", "2")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "DOES NOT FIT (not memory: the 2 image(s) of a prompt fill the 32768-token context)" in text
+    assert "--images-per-prompt: 2 → 1" in text and "--image-size: 3584x3584 → 3556x3556" in text
+    assert "33024" not in text

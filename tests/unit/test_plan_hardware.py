@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from usg.errors import UsageError
+from usg.errors import InputError, UsageError
 from usg.plan import get_gpu, load_gpu_profiles, parse_gpu_spec
 from usg.plan.hardware import GPU_PROFILES
 
@@ -71,10 +71,10 @@ def test_custom_profiles_yaml_and_json(tmp_path: Path) -> None:
 def test_bad_custom_profiles(tmp_path: Path) -> None:
     p = tmp_path / "gpus.yaml"
     p.write_text("name: X\nmemory_gb: -1\nbandwidth_gbps: 10\nbf16_tflops: 1\n")
-    with pytest.raises(UsageError, match=r"field 'memory_gb' must be a positive number \(got -1\)"):
+    with pytest.raises(InputError, match=r"field 'memory_gb' must be a positive number \(got -1\)"):
         load_gpu_profiles(p)
     p.write_text("name: X\nmemory_gb: 10\nbf16_tflops: 1\n")
-    with pytest.raises(UsageError, match=r"field 'bandwidth_gbps' is missing for GPU 'X'"):
+    with pytest.raises(InputError, match=r"field 'bandwidth_gbps' is missing for GPU 'X'"):
         load_gpu_profiles(p)
     with pytest.raises(UsageError, match=r"does not exist"):
         load_gpu_profiles(tmp_path / "none.yaml")

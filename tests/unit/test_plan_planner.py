@@ -124,6 +124,23 @@ def test_images_that_overflow_the_context_are_reported() -> None:
     assert p.advice[0].knob == "--max-model-len" and int(p.advice[0].suggested) > 16384
 
 
+def test_images_filling_the_whole_model_context_never_suggest_a_longer_context_than_the_model_has() -> None:
+    # `usg plan qwen2-vl-2b-instruct.json --gpu A10G --images-per-prompt 2`: 2 × 16384 image tokens fill
+    # max_position_embeddings 32768; 63% of memory is free, so the fix is fewer or smaller images
+    m, gpu = model("qwen2-vl-2b-instruct"), GPU_PROFILES["A10G"]
+    p = plan(m, gpu, Target(max_model_len=m.max_position_embeddings, images_per_prompt=2))
+    assert not p.fits and p.memory.headroom > 0.6 * p.memory.total
+    knobs = {a.knob: a for a in p.advice}
+    assert "--max-model-len" not in knobs  # 33024 would exceed max_position_embeddings 32768
+    assert knobs["--images-per-prompt"].suggested == "1"
+    width, height = (int(v) for v in knobs["--image-size"].suggested.split("x"))
+    assert width == height and width % 28 == 0
+    base = Target(max_model_len=m.max_position_embeddings, images_per_prompt=2)
+    assert plan(m, gpu, base.with_(images_per_prompt=1)).fits  # every suggestion is one that fits
+    assert plan(m, gpu, base.with_(image_size=(width, height))).fits
+    assert not plan(m, gpu, base.with_(image_size=(width + 28, height + 28))).fits  # and the largest one
+
+
 def test_fp8_kv_advice_when_it_is_the_fix() -> None:
     m, gpu = model("llama-3-8b"), GPU_PROFILES["A100-40GB"]
     p = plan(m, gpu, Target(max_model_len=8192, concurrency=30))

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("ray")
 
 from usg.errors import BackendError, ReplicaUnavailable
+from usg.records import BatchEvent
 from usg.runtime import Executor
-from usg.runtime.batcher import BatchEvent
 from usg.scale import ray_remote
 from usg.scale.ray_remote import RayFn, RayModelBackend
 from usg.scale.reply import ReplicaReply
@@ -233,7 +233,8 @@ def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
 
 def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
     """A remote model's node event: compute is the replica's, the rest of the round trip is waiting."""
-    from usg.runtime.observer import NodeEvent, Observer
+    from usg.records import NodeEvent
+    from usg.runtime.observer import Observer
     from usg.specs import TensorSpec
 
     class Hop(ReplicaStandIn):

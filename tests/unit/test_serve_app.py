@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("prometheus_client", reason="needs the serve extra: pip install -e '.[serve]'")
+
 import asyncio
 import base64
 import io
@@ -15,7 +21,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 

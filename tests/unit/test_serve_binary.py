@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("prometheus_client", reason="needs the serve extra: pip install -e '.[serve]'")
+
 import json
 
 import numpy as np
-import pytest
 
 from usg.errors import InputError
 from usg.serve.binary import (

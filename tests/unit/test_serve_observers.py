@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("prometheus_client", reason="needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("opentelemetry.sdk", reason="needs the serve extra: pip install -e '.[serve]'")
+
 import sys
 from pathlib import Path
 

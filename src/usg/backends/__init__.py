@@ -1,16 +1,22 @@
-"""Model backends: ONNX Runtime, Hugging Face tokenizers, Python callables."""
+"""Model backends: ONNX Runtime, Hugging Face tokenizers, Python callables.
+
+A backend is created from what it needs — its kind, file, options and name —
+by :func:`create_backend`; importing this package registers the kinds with graph
+validation (:mod:`usg.graph.catalog`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from usg.backends.base import Backend, BackendState
-from usg.backends.onnxruntime import OnnxRuntimeBackend
+from usg.backends.onnxruntime import OnnxRuntimeBackend, describe_onnx
 from usg.backends.python_fn import PythonBackend, import_callable
-from usg.backends.tokenizer import TokenizerBackend
+from usg.backends.tokenizer import TOKENIZER_INPUTS, TOKENIZER_OUTPUTS, TokenizerBackend
 from usg.errors import GraphError, GraphProblem
-from usg.graph.model import ModelDef
+from usg.graph.catalog import ModelIO, ModelKind, register_model_kind
 
 __all__ = [
     "BACKEND_KINDS",
@@ -22,14 +28,16 @@ __all__ = [
     "create_backend",
 ]
 
+Factory = Callable[[Path | None, Mapping[str, Any], str], Backend]
 
-def _python(model: ModelDef) -> Backend:
-    ref = model.options.get("callable")
+
+def _python(path: Path | None, options: Mapping[str, Any], name: str) -> Backend:
+    ref = options.get("callable")
     if not ref:
         raise GraphError(
             [
                 GraphProblem(
-                    f"models.{model.name}",
+                    f"models.{name}",
                     "python backend without a callable",
                     "add options: {callable: 'package.module:function'}",
                 )
@@ -38,30 +46,48 @@ def _python(model: ModelDef) -> Backend:
     return PythonBackend(import_callable(str(ref)))
 
 
-BACKEND_KINDS: dict[str, Callable[[ModelDef], Backend]] = {
-    "onnxruntime": lambda m: OnnxRuntimeBackend(_need_path(m), m.options, name=m.name),
-    "tokenizer": lambda m: TokenizerBackend(_need_path(m), m.options, name=m.name),
+def _need_path(path: Path | None, name: str) -> Path:
+    if path is None:
+        raise GraphError([GraphProblem(f"models.{name}", "no path", "add path: FILE")])
+    return path
+
+
+BACKEND_KINDS: dict[str, Factory] = {
+    "onnxruntime": lambda path, options, name: OnnxRuntimeBackend(_need_path(path, name), options, name=name),
+    "tokenizer": lambda path, options, name: TokenizerBackend(_need_path(path, name), options, name=name),
     "python": _python,
 }
 
 
-def _need_path(model: ModelDef) -> Any:
-    if model.path is None:
-        raise GraphError([GraphProblem(f"models.{model.name}", "no path", "add path: FILE")])
-    return model.path
+def _describe_onnx(path: Path | None) -> ModelIO | None:
+    if path is None or not path.is_file():
+        return None
+    ins, outs, _ = describe_onnx(path)
+    return ins, outs
 
 
-def create_backend(model: ModelDef) -> Backend:
-    """Instantiate (not load) the backend a model declares."""
-    factory = BACKEND_KINDS.get(model.backend)
+def _describe_tokenizer(path: Path | None) -> ModelIO:
+    return dict(TOKENIZER_INPUTS), dict(TOKENIZER_OUTPUTS)
+
+
+register_model_kind(ModelKind("onnxruntime", needs_path=True, describe=_describe_onnx))
+register_model_kind(ModelKind("tokenizer", needs_path=True, describe=_describe_tokenizer))
+register_model_kind(ModelKind("python"))
+
+
+def create_backend(
+    kind: str, path: Path | None = None, options: Mapping[str, Any] | None = None, *, name: str = ""
+) -> Backend:
+    """Instantiate (not load) a backend of ``kind`` for the model file ``path``."""
+    factory = BACKEND_KINDS.get(kind)
     if factory is None:
         raise GraphError(
             [
                 GraphProblem(
-                    f"models.{model.name}.backend",
-                    f"unknown backend {model.backend!r}",
+                    f"models.{name}.backend",
+                    f"unknown backend {kind!r}",
                     f"use one of: {', '.join(sorted(BACKEND_KINDS))}",
                 )
             ]
         )
-    return factory(model)
+    return factory(path, dict(options or {}), name)

@@ -2,8 +2,8 @@
 
 A backend runs one *batch* per :meth:`Backend.infer` call, in a worker thread.
 Inputs and outputs are dicts of arrays whose axis 0 is the batch axis (for
-tokenizers, lists of strings in). Backends are created from a
-:class:`usg.graph.ModelDef` by :func:`usg.backends.create_backend`.
+tokenizers, lists of strings in). Backends are created from their kind, file and
+options by :func:`usg.backends.create_backend`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ import abc
 import asyncio
 import enum
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from usg.records import BatchEvent, ItemTiming
 from usg.specs import TensorSpec
-
-if TYPE_CHECKING:
-    from usg.runtime.batcher import BatchEvent
-    from usg.runtime.runner import ItemTiming
 
 __all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
 
@@ -42,9 +39,12 @@ class Backend(abc.ABC):
     #: concurrency cap (the remote side queues and batches)
     remote: bool = False
     #: True for remote backends whose far side batches calls and reports each batch it ran
-    #: (a :class:`usg.runtime.batcher.BatchEvent`) to :attr:`batch_listeners`; the executor
+    #: (a :class:`usg.records.BatchEvent`) to :attr:`batch_listeners`; the executor
     #: adds its observers there, so metrics see remote batches as they see local ones
     remote_batching: bool = False
+    #: calls that may run at once when the graph does not say (``options.concurrency``): a
+    #: backend whose library is thread-safe and releases the GIL allows several in flight
+    default_concurrency: int = 1
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         """Run one item without blocking the event loop: remote backends override this (a backend

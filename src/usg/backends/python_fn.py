@@ -2,62 +2,14 @@
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from usg.backends.base import DeclaredSpecsBackend
+from usg.callables import accepted_params, import_callable
 from usg.specs import TensorSpec
 
-__all__ = ["PythonBackend", "import_callable"]
-
-
-def import_callable(ref: str) -> Callable[..., Any]:
-    """Import ``package.module:function``; raise ValueError with the fix when it cannot."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"fn {ref!r} is not of the form 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(
-            f"fn {ref!r}: module {module_name!r} cannot be imported ({exc}); "
-            "check the module path, or install the package that provides it"
-        ) from exc
-    except Exception as exc:  # the module's own code failed while importing: not a USG error
-        raise ValueError(
-            f"fn {ref!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
-            "fix that module (its top-level code runs on import)"
-        ) from exc
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            names = sorted(
-                n
-                for n in dir(target)
-                if not n.startswith("_")
-                and callable(getattr(target, n))
-                and getattr(getattr(target, n), "__module__", None) == module_name
-            )
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(
-                f"fn {ref!r}: {module_name!r} has no attribute {part!r}; {hint}it defines: {', '.join(names[:20])}"
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"fn {ref!r} is a {type(target).__name__}, not a callable")
-    return target  # type: ignore[no-any-return,unused-ignore]
-
-
-def accepted_params(func: Callable[..., Any]) -> tuple[set[str], bool]:
-    """Keyword names ``func`` accepts, and whether it takes ``**kwargs``."""
-    sig = inspect.signature(func)
-    names = {p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    return names, var_kw
+__all__ = ["PythonBackend", "accepted_params", "import_callable"]  # the two functions live in usg.callables
 
 
 class PythonBackend(DeclaredSpecsBackend):

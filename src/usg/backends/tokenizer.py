@@ -30,6 +30,9 @@ class TokenizerBackend(Backend):
 
     kind = "tokenizer"
     inline = True  # a Rust tokenizer on one short text takes microseconds
+    # encode_batch is thread-safe and releases the GIL: a long text in one worker thread does not
+    # hold up the short texts of other requests (each text is bounded by limits.max_text_chars)
+    default_concurrency = 4
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
         # long documents take milliseconds: those go to a worker thread, off the event loop

@@ -44,7 +44,10 @@ def write_plots(report: BenchReport, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"latency CDF — {report.target}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    if ax.get_lines():
+        ax.legend(fontsize="small")
+    else:  # no request completed in the measured window (an overloaded machine, or every request failed)
+        ax.text(0.5, 0.5, "no request completed", ha="center", va="center", transform=ax.transAxes)
     path = out / "latency_cdf.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)  # type: ignore[attr-defined]

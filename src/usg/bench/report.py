@@ -192,4 +192,4 @@ def render_report(report: BenchReport, console: Any) -> None:
             + "; ".join(f"USG at {lvl} clients: {frac:.0%} of the bound" for lvl, frac in b.get("achieved", {}).items())
         )
     for note in report.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)

@@ -83,76 +83,111 @@ async def run_bench(
 
     ``bound(items_per_request)`` (the model-only bound) is measured right after each USG run,
     and that run's throughput is compared with it."""
-    from usg.bench.baselines import make_baseline
-
     if cfg.compare and graph is None:
         raise UsageError("--compare needs the graph the server runs; fix: pass --graph GRAPH with a URL target")
-    levels: Sequence[float] = [cfg.rate] if cfg.rate is not None else [float(c) for c in cfg.concurrency]
-    report = BenchReport(
-        cfg.target,
-        str(graph.source) if graph is not None and graph.source else None,
-        "open" if cfg.rate is not None else "closed",
-        cfg.duration_s * cfg.rounds,
-        cfg.warmup_s,
-    )
-    usg: Any = UrlTarget(cfg.target) if is_url(cfg.target) else InProcessTarget(_need(graph))
-    check = cfg.samples[: max(1, cfg.equivalence_samples)]
-    workers = int(max(levels)) if cfg.rate is None else 32
-    systems: list[Any] = []
+    run = _Run(cfg, graph, progress, log, bound)
     try:
-        log(f"starting {usg.name} ({cfg.target})")
-        await usg.start()
-        systems.append(usg)
-        reference = [await usg.infer(s) for s in check]
+        await run.start_systems()
+        for rnd in range(cfg.rounds):
+            await run.round(rnd)
+        run.collect()
+    finally:
+        for target in reversed(run.systems):
+            await target.aclose()
+    return run.report
+
+
+class _Run:
+    """One ``usg bench``: the systems under test, the merged results and the model-only bounds."""
+
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        graph: Graph | None,
+        progress: ProgressFactory | None,
+        log: Callable[[str], None],
+        bound: Callable[[Mapping[str, float]], dict[str, Any]] | None,
+    ) -> None:
+        self.cfg, self.graph, self.progress, self.log, self.bound = cfg, graph, progress, log, bound
+        self.levels: Sequence[float] = [cfg.rate] if cfg.rate is not None else [float(c) for c in cfg.concurrency]
+        self.report = BenchReport(
+            cfg.target,
+            str(graph.source) if graph is not None and graph.source else None,
+            "open" if cfg.rate is not None else "closed",
+            cfg.duration_s * cfg.rounds,
+            cfg.warmup_s,
+        )
+        self.usg: Any = UrlTarget(cfg.target) if is_url(cfg.target) else InProcessTarget(_need(graph))
+        self.systems: list[Any] = []
+        self.merged: dict[tuple[str, float], LoadResult] = {}
+        self.bounds: list[dict[str, Any]] = []
+
+    async def start_systems(self) -> None:
+        """Start USG, then each baseline, checking the baseline's outputs against USG's."""
+        from usg.bench.baselines import make_baseline
+
+        cfg = self.cfg
+        check = cfg.samples[: max(1, cfg.equivalence_samples)]
+        workers = int(max(self.levels)) if cfg.rate is None else 32
+        self.log(f"starting {self.usg.name} ({cfg.target})")
+        await self.usg.start()
+        self.systems.append(self.usg)
+        reference = [await self.usg.infer(s) for s in check]
         for name in cfg.compare:
-            base = make_baseline(name, _need(graph), workers=workers)
-            log(f"starting baseline {name}")
-            systems.append(base)
+            base = make_baseline(name, _need(self.graph), workers=workers)
+            self.log(f"starting baseline {name}")
+            self.systems.append(base)
             await base.start()
             outs = [await base.infer(s) for s in check]
             pairs = [(s.name, r, o) for s, r, o in zip(check, reference, outs, strict=True)]
-            eq = check_equivalence(name, usg.name, pairs)
-            report.equivalence[name] = eq
+            eq = check_equivalence(name, self.usg.name, pairs)
+            self.report.equivalence[name] = eq
             if not eq.ok:
-                report.notes.append(f"{name}: outputs differ from USG's, so no ratio is printed: {eq.problems[:3]}")
-        merged: dict[tuple[str, float], LoadResult] = {}
-        bounds: list[dict[str, Any]] = []
-        for rnd in range(cfg.rounds):
-            order = systems if rnd % 2 == 0 else systems[::-1]
-            for level in levels:
-                for target in order:
-                    label = _lvl(cfg, level) + (f", round {rnd + 1}/{cfg.rounds}" if cfg.rounds > 1 else "")
-                    cb = progress(target.name, label, cfg.warmup_s + cfg.duration_s) if progress else None
-                    result = await _load(target, cfg, level, cb)
-                    key = (target.name, level)
-                    if key in merged:
-                        _merge(merged[key], result)
-                    else:
-                        merged[key] = result
-                    if target is usg:
-                        models = await _breakdown(usg)
-                        report.breakdowns[run_label(result)] = models
-                        if bound is not None:
-                            log("measuring the model-only bound")
-                            per_req = {m.model: m.items_per_request for m in models if m.requests}
-                            b = await asyncio.to_thread(bound, per_req)
-                            b["level"] = level
-                            b["achieved"] = result.throughput / b["bound_rps"] if b["bound_rps"] > 0 else None
-                            bounds.append(b)
-        # report order: systems as given, then load levels
-        for target in systems:
-            report.results.extend(merged[(target.name, level)] for level in levels)
-        if bounds:
-            report.bound = _summarize_bounds(bounds, levels)
-        if cfg.rounds > 1:
-            report.notes.append(
-                f"{cfg.rounds} rounds per system and level, order alternating; the per-model breakdown "
+                self.report.notes.append(
+                    f"{name}: outputs differ from USG's, so no ratio is printed: {eq.problems[:3]}"
+                )
+
+    async def round(self, rnd: int) -> None:
+        """Every load level on every system, in the order of this round (reversed every other round)."""
+        cfg = self.cfg
+        order = self.systems if rnd % 2 == 0 else self.systems[::-1]
+        for level in self.levels:
+            for target in order:
+                label = _lvl(cfg, level) + (f", round {rnd + 1}/{cfg.rounds}" if cfg.rounds > 1 else "")
+                cb = self.progress(target.name, label, cfg.warmup_s + cfg.duration_s) if self.progress else None
+                result = await _load(target, cfg, level, cb)
+                key = (target.name, level)
+                if key in self.merged:
+                    _merge(self.merged[key], result)
+                else:
+                    self.merged[key] = result
+                if target is self.usg:
+                    await self._after_usg_run(result, level)
+
+    async def _after_usg_run(self, result: LoadResult, level: float) -> None:
+        """USG's per-model breakdown of the run, and the model-only bound measured right after it."""
+        models = await _breakdown(self.usg)
+        self.report.breakdowns[run_label(result)] = models
+        if self.bound is None:
+            return
+        self.log("measuring the model-only bound")
+        per_req = {m.model: m.items_per_request for m in models if m.requests}
+        b = await asyncio.to_thread(self.bound, per_req)
+        b["level"] = level
+        b["achieved"] = result.throughput / b["bound_rps"] if b["bound_rps"] > 0 else None
+        self.bounds.append(b)
+
+    def collect(self) -> None:
+        """Results in report order (systems as given, then load levels), bounds and notes."""
+        for target in self.systems:
+            self.report.results.extend(self.merged[(target.name, level)] for level in self.levels)
+        if self.bounds:
+            self.report.bound = _summarize_bounds(self.bounds, self.levels)
+        if self.cfg.rounds > 1:
+            self.report.notes.append(
+                f"{self.cfg.rounds} rounds per system and level, order alternating; the per-model breakdown "
                 "is of the last round"
             )
-    finally:
-        for target in reversed(systems):
-            await target.aclose()
-    return report
 
 
 def _summarize_bounds(bounds: list[dict[str, Any]], levels: Sequence[float]) -> dict[str, Any]:

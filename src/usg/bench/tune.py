@@ -177,10 +177,10 @@ class RecordingBackend(Backend):
 def capture_items(graph: Graph, samples: Sequence[Sample]) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Run the graph once per sample (no batching) and return each ONNX model's items and the
     number of requests, so items per request can be derived."""
-    from usg.backends import create_backend
     from usg.runtime import Executor
+    from usg.runtime.runner import backend_for
 
-    recorders = {n: RecordingBackend(create_backend(m)) for n, m in graph.models.items() if m.backend == "onnxruntime"}
+    recorders = {n: RecordingBackend(backend_for(m)) for n, m in graph.models.items() if m.backend == "onnxruntime"}
 
     async def go() -> None:
         async with Executor(graph, batching=False, backends=recorders) as ex:

@@ -3,7 +3,14 @@
 Subcommands live one per module in this package and are imported only when
 invoked, so ``usg plan`` does not pay for importing onnxruntime or starlette.
 Every :class:`usg.errors.USGError` becomes a one-paragraph message and a
-non-zero exit code (2 for usage problems, 1 otherwise) — never a traceback.
+non-zero exit code — never a traceback. The exit-code rule, for every command
+(:func:`exit_code_for` is its one implementation):
+
+- 0 (:data:`EXIT_OK`): the work was done and nothing failed;
+- 1 (:data:`EXIT_FAILED`): the work itself failed — a bad model or graph, a corrupt
+  image, a check that found errors, a missing optional package (with its pip line);
+- 2 (:data:`EXIT_USAGE`): the command line is wrong — an unknown flag or value, a path
+  that does not exist, an unknown input name, no inputs.
 """
 
 from __future__ import annotations
@@ -12,15 +19,22 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from usg.errors import GraphError, UsageError, USGError
+from usg.errors import UsageError, USGError
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "cli", "exit_code_for", "fail", "main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 
 # command name -> "module:attribute" (a click.Command)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("usg.cli.run_cmd:run", "Push inputs through a graph and print its outputs."),
+    "init": ("usg.cli.init_cmd:init", "Write a runnable graph for an ONNX model, with sample inputs."),
     "graph": ("usg.cli.graph_cmd:graph", "Inspect a graph: nodes, edges, specs, pruning."),
     "export": ("usg.cli.export_cmd:export", "Export models to ONNX, or a graph to a Triton model repository."),
     "serve": ("usg.cli.serve_cmd:serve", "Serve a graph over HTTP (JSON/multipart and Open Inference v2)."),
@@ -66,10 +80,28 @@ def cli() -> None:
     """USG — Unified Serving Graph: serve multimodal pipelines, check their contracts."""
 
 
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code for an error, by the rule in this module's docstring."""
+    if isinstance(exc, click.UsageError | UsageError):  # click: unknown flag, bad value, missing path
+        return EXIT_USAGE
+    if isinstance(exc, click.ClickException):
+        return exc.exit_code
+    return EXIT_FAILED  # USGError (MissingDependency included: the pip line is in its message), anything else
+
+
+def fail(exc: USGError, ctx: click.Context | None = None) -> NoReturn:
+    """Print ``error: ...`` for ``exc`` on stderr and exit with its code (for commands that catch errors)."""
+    click.echo(f"error: {exc}", err=True)
+    code = exit_code_for(exc)
+    if ctx is not None:
+        ctx.exit(code)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> Any:
-    """Console-script entry point: maps USG errors to a message and an exit code."""
+    """Console-script entry point: maps errors to a message and an exit code (see :func:`exit_code_for`)."""
     try:
-        return cli.main(args=argv, standalone_mode=False)
+        result = cli.main(args=argv, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -77,16 +109,9 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
-    except UsageError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except GraphError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exit_code_for(exc))
     except USGError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        fail(exc)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -99,3 +124,6 @@ def main(argv: list[str] | None = None) -> Any:
             err=True,
         )
         sys.exit(1)
+    if isinstance(result, int):  # ctx.exit(code) under standalone_mode=False returns the code
+        sys.exit(result)
+    return result

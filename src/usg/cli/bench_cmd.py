@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from usg.cli.common import err_console, load_graph_for_cli, out_console
+from usg.cli.common import err_console, escape, load_graph_for_cli, out_console
 from usg.errors import UsageError
 
 __all__ = ["bench", "tune"]
@@ -101,7 +101,7 @@ def bench(
 
     def log(msg: str) -> None:
         if not as_json:
-            err_console.print(f"[dim]{msg}[/]")
+            err_console.print(f"[dim]{escape(msg)}[/]")
 
     with Progress(
         TextColumn("{task.description}"),
@@ -125,7 +125,7 @@ def bench(
         from usg.bench.plots import write_plots
 
         for p in write_plots(report, plot_dir):
-            err_console.print(f"wrote {p}")
+            err_console.print(f"wrote {escape(str(p))}")
     if as_json:
         from usg.bench.report import report_json
 
@@ -228,7 +228,7 @@ def tune(
     bad = sorted(wanted - set(graph.models))
     if bad:
         raise UsageError(f"--models {','.join(bad)}: not in the graph; fix: use {', '.join(sorted(graph.models))}")
-    log = (lambda _m: None) if as_json else (lambda m: err_console.print(f"[dim]{m}[/]"))
+    log = (lambda _m: None) if as_json else (lambda m: err_console.print(f"[dim]{escape(m)}[/]"))
     log(f"capturing model inputs from {len(samples)} sample request(s)")
     items, requests = capture_items(graph, samples)
     per_request = items_per_request(items, requests)
@@ -266,7 +266,7 @@ def tune(
             )
         )
         return
-    table = Table(title=f"usg tune {graph_path} (p95 bound {p95_ms:g} ms per batch)")
+    table = Table(title=escape(f"usg tune {graph_path} (p95 bound {p95_ms:g} ms per batch)"))
     for col in ("model", "threads", "batch", "p50 ms", "p95 ms", "items/s", "CPU ms/item", ""):
         table.add_column(col, justify="left" if col in ("model", "") else "right")
     for name, points in profiles.items():
@@ -290,4 +290,4 @@ def tune(
             f"{name}: batch {c.batch}, {c.threads} thread(s) — {c.reason}; {per_request.get(name, 0):.2f} items/request"
         )
     if doc is not None:
-        out_console.print(f"wrote {out_path} (usg bench applies it; delete it to undo)")
+        out_console.print(f"wrote {escape(str(out_path))} (usg bench applies it; delete it to undo)")

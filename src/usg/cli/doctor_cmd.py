@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from usg.cli import fail
 from usg.errors import MissingDependency, UsageError
 
 __all__ = ["doctor"]
@@ -153,12 +154,8 @@ def doctor(
     progress, update = _progress()
     try:
         report = run_doctor(paths, targets=target, dry_run=dry_run, progress=update)
-    except UsageError as exc:
-        click.echo(f"error: {exc}", err=True)
-        ctx.exit(2)
-    except MissingDependency as exc:
-        click.echo(f"error: {exc}", err=True)
-        ctx.exit(2)
+    except (UsageError, MissingDependency) as exc:  # the CLI's one exit-code rule: usage 2, missing extra 1
+        fail(exc, ctx)
     finally:
         if progress is not None:
             progress.stop()
@@ -174,4 +171,9 @@ def doctor(
             click.echo(f"error: cannot write {output}: {exc.strerror}", err=True)
             ctx.exit(2)
         click.echo(f"wrote {output} ({len(report.findings)} findings, {report.errors} errors)", err=True)
+    if dry_run:  # say so when the dry run passed (stderr: the report on stdout stays one format)
+        from usg.cli.common import dry_run_summary
+
+        for line in dry_run_summary(report):
+            click.echo(line, err=True)
     ctx.exit(report.exit_code)

@@ -10,7 +10,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from usg.cli.common import err_console, load_graph_for_cli, out_console
+from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_for_cli, out_console
 from usg.errors import InputError, UsageError
 from usg.graph import Graph
 from usg.runtime import Executor, InferResult
@@ -20,7 +20,15 @@ __all__ = ["parse_inputs", "run"]
 
 
 def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``image=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``."""
+    """``image=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``.
+
+    Command-line mistakes (no input, an unknown or repeated name, a file that does not
+    exist) raise :class:`UsageError` (exit code 2); a file that exists but is not what the
+    input needs fails the request later or raises :class:`InputError` (exit code 1).
+    """
+    names = ", ".join(f"{n} ({d.modality.value})" for n, d in graph.inputs.items())
+    if not pairs:
+        raise UsageError(f"no --input given; fix: pass one or more of {names}, e.g. --input NAME=VALUE")
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -32,6 +40,13 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
                 f"--input {name}=...: graph {graph.name!r} has no input {name!r}; "
                 f"fix: use one of {', '.join(sorted(graph.inputs))}"
             )
+        if name in out:
+            raise UsageError(
+                f"--input {name}=... is given more than once; one request takes one value per input; "
+                f"fix: pass {name} once (run `usg run` again, or `usg bench --inputs FOLDER` for many)"
+            )
+        if d.modality is not Modality.TEXT and not Path(value).exists():
+            raise UsageError(f"--input {name}={value}: file {value!r} does not exist; fix: pass an existing file")
         if d.modality is Modality.TEXT:
             if value.startswith("@"):
                 try:
@@ -46,11 +61,8 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
         elif d.modality is Modality.IMAGE:
             out[name] = Path(value)
         else:
-            path = Path(value)
-            if not path.is_file():
-                raise InputError(f"{name}: file {value!r} does not exist", field=name, fix="pass a .npy file")
             try:
-                out[name] = np.load(path, allow_pickle=False)
+                out[name] = np.load(Path(value), allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise InputError(
                     f"{name}: {value!r} is not a .npy array ({exc})",
@@ -63,7 +75,7 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
 def _render(result: InferResult) -> None:
     for name, value in result.outputs.items():
         if name == "lines" and isinstance(value, list):
-            table = Table(title=f"{name} ({len(value)})", show_lines=False)
+            table = Table(title=escape(f"{name} ({len(value)})"), show_lines=False)
             table.add_column("#", justify="right")
             table.add_column("text")
             table.add_column("score", justify="right")
@@ -72,7 +84,7 @@ def _render(result: InferResult) -> None:
                 box = line["box"]
                 table.add_row(
                     str(i),
-                    line["text"],
+                    escape(str(line["text"])),
                     f"{line['score']:.3f}",
                     f"{box[0][0]:.0f},{box[0][1]:.0f} → {box[2][0]:.0f},{box[2][1]:.0f}",
                 )
@@ -80,17 +92,20 @@ def _render(result: InferResult) -> None:
         elif isinstance(value, np.ndarray):
             head = ", ".join(f"{v:.4f}" for v in value.reshape(-1)[:6])
             norm = float(np.linalg.norm(value.reshape(value.shape[0], -1), axis=1)[0]) if value.size else 0.0
-            out_console.print(f"[bold]{name}[/]: {value.dtype}{list(value.shape)}  [{head}, …]  ‖row0‖={norm:.4f}")
+            out_console.print(
+                f"[bold]{escape(name)}[/]: {value.dtype}{escape(str(list(value.shape)))}  "
+                f"{escape(f'[{head}, …]')}  ‖row0‖={norm:.4f}"
+            )
         else:
-            out_console.print(f"[bold]{name}[/]: {value!r}")
+            out_console.print(f"[bold]{escape(name)}[/]: {escape(repr(value))}")
     if result.pruned_nodes:
-        out_console.print(f"[dim]pruned: {', '.join(result.pruned_nodes)}[/]")
+        out_console.print(f"[dim]pruned: {escape(', '.join(result.pruned_nodes))}[/]")
     timings = ", ".join(f"{k} {v:.1f}" for k, v in result.node_ms.items())
-    out_console.print(f"[dim]node ms: {timings}[/]")
+    out_console.print(f"[dim]node ms (wall time per node, queueing and batching included): {escape(timings)}[/]")
 
 
 @click.command("run")
-@click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
+@click.argument("graph_path", metavar="GRAPH", type=GRAPH_FILE)
 @click.option(
     "--input",
     "-i",
@@ -100,7 +115,13 @@ def _render(result: InferResult) -> None:
     help="A graph input: image=PATH, text=STRING or text=@FILE, tensor=FILE.npy. Repeatable.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
-@click.option("--timeout", type=float, default=120.0, show_default=True, help="Request deadline in seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Request deadline in seconds (> 0).",
+)
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool) -> None:
     """Push inputs through a graph and print its outputs."""

@@ -11,7 +11,7 @@ from types import FrameType
 
 import click
 
-from usg.cli.common import err_console, load_graph_for_cli
+from usg.cli.common import GRAPH_FILE, err_console, load_graph_for_cli
 from usg.errors import MissingDependency, UsageError
 
 __all__ = ["serve"]
@@ -22,7 +22,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 
 
 @click.command("serve")
-@click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
+@click.argument("graph_path", metavar="GRAPH", type=GRAPH_FILE)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option(

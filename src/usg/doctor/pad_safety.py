@@ -91,11 +91,11 @@ def check_pad_safety(path: Path, ctx: CheckContext) -> Iterator[Finding]:
     padded = {name: m for name, m in graph.models.items() if m.batch.pad is not None}
     if not padded:
         return
-    from usg.backends import create_backend
     from usg.errors import USGError
     from usg.runtime import Executor
+    from usg.runtime.runner import backend_for
 
-    recorders = {name: _Recording(create_backend(m)) for name, m in padded.items()}
+    recorders = {name: _Recording(backend_for(m)) for name, m in padded.items()}
     drifts: dict[str, dict[str, float]] = {}
     try:
         with Executor(graph, backends=recorders, batching=False, timeout_s=120.0) as ex:  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from usg.errors import GraphError, GraphProblem
+from usg.graph.catalog import register_exporter
 from usg.graph.model import ModelDef
 
 __all__ = ["EXPORTERS", "export_missing_models"]
@@ -46,3 +47,7 @@ def export_missing_models(models: Iterable[ModelDef], *, log: Callable[[str], No
             log(f"exporting model {m.name!r} with {name} to {m.path} (once; cached)")
         done.append(exporter(m, m.export))
     return done
+
+
+# graph loading (usg.graph.load_graph(export_missing=True)) calls this without importing usg.export
+register_exporter(lambda models, log: export_missing_models(models, log=log))

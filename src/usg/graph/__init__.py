@@ -6,7 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from usg.graph.builder import GraphBuilder
+from usg.graph.catalog import exporter
 from usg.graph.deploy import DeployPolicy, DeploySpec, parse_deploy
+from usg.graph.limits import GraphLimits
 from usg.graph.loader import parse_graph, read_graph_file
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.graph.validate import describe_model, validate_graph
@@ -17,6 +19,7 @@ __all__ = [
     "DeploySpec",
     "Graph",
     "GraphBuilder",
+    "GraphLimits",
     "InputDef",
     "ModelDef",
     "NodeDef",
@@ -36,13 +39,12 @@ def load_graph(path: str | Path, *, export_missing: bool = False, log: Callable[
     """
     p = Path(path).expanduser().resolve()
     data = read_graph_file(p)
-    name, inputs, models, nodes, outputs, limits, problems = parse_graph(data, p.parent, str(p))
-    deploy, deploy_problems = parse_deploy(data.get("deploy"), models, nodes)
-    problems += deploy_problems
-    if export_missing and not problems:
-        from usg.export import export_missing_models
-
-        export_missing_models(models.values(), log=log)
+    g = parse_graph(data, p.parent, str(p))
+    deploy, deploy_problems = parse_deploy(data.get("deploy"), g.models, g.nodes)
+    problems = g.problems + deploy_problems
+    export = exporter()
+    if export_missing and not problems and export is not None:
+        export(g.models.values(), log)
     return validate_graph(
-        name, inputs, models, nodes, outputs, source=p, limits=limits, problems=problems, deploy=deploy
+        g.name, g.inputs, g.models, g.nodes, g.outputs, source=p, limits=g.limits, problems=problems, deploy=deploy
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from usg.errors import GraphProblem
 from usg.graph.deploy import parse_deploy
+from usg.graph.limits import parse_limits
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
 from usg.graph.validate import validate_graph
 from usg.specs import Modality, TensorSpec
@@ -70,7 +71,7 @@ class GraphBuilder:
     ) -> GraphBuilder:
         resolved: Path | None = None
         if path is not None:
-            from usg.graph.paths import resolve_path
+            from usg.paths import resolve_path
 
             resolved = resolve_path(str(path), self.base_dir)
         self._models[name] = ModelDef(
@@ -117,6 +118,7 @@ class GraphBuilder:
         return self
 
     def limits(self, **limits: Any) -> GraphBuilder:
+        """Set ``limits:`` entries (see :mod:`usg.graph.limits`), e.g. ``.limits(max_fanout_items=64)``."""
         self._limits.update(limits)
         return self
 
@@ -125,13 +127,15 @@ class GraphBuilder:
         if not self._outputs:
             problems.append(GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')"))
         deploy, deploy_problems = parse_deploy(self._deploy, self._models, self._nodes)
+        limits, limit_problems = parse_limits(self._limits)
+        problems += limit_problems
         return validate_graph(
             self.name,
             self._inputs,
             self._models,
             self._nodes,
             self._outputs,
-            limits=self._limits,
+            limits=limits,
             problems=problems + deploy_problems,
             deploy=deploy,
         )

@@ -109,8 +109,8 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
         nodes[name] = node
     doc: dict[str, Any] = {"name": graph.name, "inputs": inputs, "models": models, "nodes": nodes}
     doc["outputs"] = {o: str(r) for o, r in graph.outputs.items()}
-    if graph.limits:
-        doc["limits"] = dict(graph.limits)
+    if graph.limits.declared():
+        doc["limits"] = graph.limits.declared()
     deploy = _deploy(graph.deploy)
     if deploy:
         doc["deploy"] = deploy

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from usg.errors import GraphError, GraphProblem
+from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
-from usg.graph.paths import PathResolutionError, resolve_path
+from usg.paths import PathResolutionError, resolve_path
 from usg.specs import Modality, TensorSpec
 
-__all__ = ["parse_graph", "read_graph_file"]
+__all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
 _TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor"}
 _INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
@@ -107,46 +109,72 @@ def _mapping(c: _Collector, where: str, value: Any, fix: str) -> dict[str, Any]:
     return value
 
 
-def _pad(c: _Collector, where: str, data: Any) -> PadPolicy | None:
-    data = _mapping(c, where, data, "write pad: {axes: {INPUT: [AXIS]}, multiple: N}")
-    if not data:
-        return None
-    c.unknown_keys(where, data, _PAD_KEYS)
-    raw_axes = data.get("axes")
-    axes: dict[str, tuple[int, ...]] = {}
-    if isinstance(raw_axes, dict):
-        axes = {str(k): tuple(int(a) for a in (v if isinstance(v, list) else [v])) for k, v in raw_axes.items()}
-    elif isinstance(raw_axes, list):
-        axes = {"*": tuple(int(a) for a in raw_axes)}
-    else:
-        c.add(
-            f"{where}.axes",
-            f"axes is {raw_axes!r}",
-            "write axes: {INPUT_NAME: [AXIS, ...]} or axes: [AXIS, ...]",
-        )
-    buckets = tuple(sorted(int(b) for b in data.get("buckets", []) or []))
-    multiple = data.get("multiple")
-    if multiple is not None and (not isinstance(multiple, int) or multiple < 1):
-        c.add(f"{where}.multiple", f"multiple is {multiple!r}", "use a positive integer such as 8 or 32")
-        multiple = None
-    raw_value = data.get("value", {})
-    value = {str(k): float(v) for k, v in raw_value.items()} if isinstance(raw_value, dict) else {"*": float(raw_value)}
+def _ints(c: _Collector, where: str, value: Any, fix: str, *, low: int = 0) -> tuple[int, ...] | None:
+    """A list of integers >= ``low`` (a single integer counts as a list of one), else a problem."""
+    items = value if isinstance(value, list) else [value]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= low for v in items):
+        return tuple(items)
+    c.add(where, f"expected integers >= {low}, got {value!r}", fix)
+    return None
+
+
+def _pad_axes(c: _Collector, where: str, raw: Any) -> dict[str, tuple[int, ...]]:
+    fix = "write axes: {INPUT_NAME: [AXIS, ...]} or axes: [AXIS, ...] with axis numbers such as 1"
+    if isinstance(raw, dict):
+        parsed = {str(k): _ints(c, f"{where}.{k}", v, fix, low=1) for k, v in raw.items()}
+        return {k: v for k, v in parsed.items() if v is not None}
+    if isinstance(raw, list):
+        axes = _ints(c, where, raw, fix, low=1)
+        return {"*": axes} if axes is not None else {}
+    c.add(where, f"axes is {raw!r}", fix)
+    return {}
+
+
+def _pad_values(c: _Collector, where: str, raw: Any) -> dict[str, float]:
+    items = raw.items() if isinstance(raw, dict) else [("*", raw)]
+    out: dict[str, float] = {}
+    for k, v in items:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[str(k)] = float(v)
+        else:
+            c.add(where, f"pad value {v!r} is not a number", "write value: NUMBER or value: {INPUT: NUMBER}")
+    return out
+
+
+def _pad_trim(c: _Collector, where: str, raw: Any) -> dict[str, dict[int, tuple[str, int, int]]]:
     trim: dict[str, dict[int, tuple[str, int, int]]] = {}
-    for out_name, rules in (data.get("trim") or {}).items():
+    fix = "write trim: {OUTPUT: {OUTPUT_AXIS: 'INPUT:AXIS/DIVISOR'}}"
+    for out_name, rules in _mapping(c, where, raw, fix).items():
         trim[str(out_name)] = {}
-        for axis, rule in (rules or {}).items():
+        for axis, rule in _mapping(c, f"{where}.{out_name}", rules, fix).items():
             # rule: "x:3/8" -> output axis follows input x axis 3, divided by 8
             try:
                 src, _, rest = str(rule).partition(":")
                 in_axis, _, div = rest.partition("/")
                 trim[str(out_name)][int(axis)] = (src, int(in_axis), int(div or 1))
             except ValueError:
-                c.add(
-                    f"{where}.trim.{out_name}",
-                    f"trim rule {rule!r}",
-                    "write OUTPUT_AXIS: 'INPUT:AXIS/DIVISOR'",
-                )
-    return PadPolicy(axes=axes, multiple=multiple, buckets=buckets, value=value, trim=trim)
+                c.add(f"{where}.{out_name}", f"trim rule {rule!r}", "write OUTPUT_AXIS: 'INPUT:AXIS/DIVISOR'")
+    return trim
+
+
+def _pad(c: _Collector, where: str, data: Any) -> PadPolicy | None:
+    data = _mapping(c, where, data, "write pad: {axes: {INPUT: [AXIS]}, multiple: N}")
+    if not data:
+        return None
+    c.unknown_keys(where, data, _PAD_KEYS)
+    axes = _pad_axes(c, f"{where}.axes", data.get("axes"))
+    buckets = _ints(c, f"{where}.buckets", data.get("buckets") or [], "write buckets: [SIZE, ...]", low=1) or ()
+    multiple = data.get("multiple")
+    if multiple is not None and (not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1):
+        c.add(f"{where}.multiple", f"multiple is {multiple!r}", "use a positive integer such as 8 or 32")
+        multiple = None
+    return PadPolicy(
+        axes=axes,
+        multiple=multiple,
+        buckets=tuple(sorted(buckets)),
+        value=_pad_values(c, f"{where}.value", data.get("value", {})),
+        trim=_pad_trim(c, f"{where}.trim", data.get("trim")),
+    )
 
 
 def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
@@ -166,7 +194,14 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
 
     preferred = data.get("preferred_sizes") or []
     max_size = num("max_size", 1, int) or 1
-    if any((not isinstance(p, int)) or p < 1 or p > max_size for p in preferred):
+    if not isinstance(preferred, list):
+        c.add(
+            f"{where}.preferred_sizes",
+            f"preferred_sizes is {preferred!r}, not a list",
+            f"write a list such as preferred_sizes: [{preferred!r}]",
+        )
+        preferred = []
+    if any((not isinstance(p, int)) or isinstance(p, bool) or p < 1 or p > max_size for p in preferred):
         c.add(
             f"{where}.preferred_sizes",
             f"preferred_sizes {preferred} with max_size {max_size}",
@@ -198,24 +233,22 @@ def _map_ports(c: _Collector, where: str, value: Any, ports: list[str]) -> tuple
     return ()
 
 
-def parse_graph(
-    data: Mapping[str, Any], base_dir: Path | None, source: str | None = None
-) -> tuple[
-    str,
-    dict[str, InputDef],
-    dict[str, ModelDef],
-    dict[str, NodeDef],
-    dict[str, Ref],
-    dict[str, Any],
-    list[GraphProblem],
-]:
-    """Turn a graph mapping into dataclasses; returns the parts and the schema problems found."""
-    c = _Collector()
-    c.unknown_keys("graph", data, _TOP_KEYS)
-    name = str(data.get("name") or (Path(source).stem if source else "graph"))
+@dataclass
+class ParsedGraph:
+    """The parts of a graph file, before validation, and the schema problems found in it."""
 
+    name: str
+    inputs: dict[str, InputDef] = field(default_factory=dict)
+    models: dict[str, ModelDef] = field(default_factory=dict)
+    nodes: dict[str, NodeDef] = field(default_factory=dict)
+    outputs: dict[str, Ref] = field(default_factory=dict)
+    limits: GraphLimits = field(default_factory=GraphLimits)
+    problems: list[GraphProblem] = field(default_factory=list)
+
+
+def _inputs(c: _Collector, data: Any) -> dict[str, InputDef]:
     inputs: dict[str, InputDef] = {}
-    for iname, idata in _mapping(c, "inputs", data.get("inputs"), "write inputs: {NAME: {modality: image}}").items():
+    for iname, idata in _mapping(c, "inputs", data, "write inputs: {NAME: {modality: image}}").items():
         where = f"inputs.{iname}"
         idata = _mapping(c, where, idata, "write NAME: {modality: image|text|audio|tensor, optional: true}")
         c.unknown_keys(where, idata, _INPUT_KEYS)
@@ -229,77 +262,90 @@ def parse_graph(
         if spec is None and modality is Modality.IMAGE:
             spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
         inputs[str(iname)] = InputDef(str(iname), modality, spec, bool(idata.get("optional", False)))
+    return inputs
 
-    models: dict[str, ModelDef] = {}
-    for mname, mdata in _mapping(
-        c, "models", data.get("models"), "write models: {NAME: {backend: ..., path: ...}}"
+
+def _model(c: _Collector, mname: str, mdata: Any, base_dir: Path | None) -> ModelDef:
+    where = f"models.{mname}"
+    mdata = _mapping(c, where, mdata, "write NAME: {backend: onnxruntime, path: FILE}")
+    c.unknown_keys(where, mdata, _MODEL_KEYS)
+    path = None
+    if mdata.get("path") is not None:
+        try:
+            path = resolve_path(str(mdata["path"]), base_dir)
+        except PathResolutionError as exc:
+            c.add(f"{where}.path", str(exc), exc.fix)
+    in_specs: dict[str, TensorSpec] = {}
+    for pname, pdata in _mapping(
+        c, f"{where}.inputs", mdata.get("inputs"), "write inputs: {INPUT: {range: [0, 1]}}"
     ).items():
-        where = f"models.{mname}"
-        mdata = _mapping(c, where, mdata, "write NAME: {backend: onnxruntime, path: FILE}")
-        c.unknown_keys(where, mdata, _MODEL_KEYS)
-        backend = str(mdata.get("backend", "onnxruntime"))
-        path = None
-        if mdata.get("path") is not None:
-            try:
-                path = resolve_path(str(mdata["path"]), base_dir)
-            except PathResolutionError as exc:
-                c.add(f"{where}.path", str(exc), exc.fix)
-        in_specs: dict[str, TensorSpec] = {}
-        for pname, pdata in _mapping(
-            c, f"{where}.inputs", mdata.get("inputs"), "write inputs: {INPUT: {range: [0, 1]}}"
-        ).items():
-            s = _spec(c, f"{where}.inputs.{pname}", pdata if isinstance(pdata, dict) else {})
-            if s is not None:
-                in_specs[str(pname)] = s
-        export = mdata.get("export")
-        models[str(mname)] = ModelDef(
-            name=str(mname),
-            backend=backend,
-            path=path,
-            options=_mapping(c, f"{where}.options", mdata.get("options"), "write options: {KEY: VALUE}"),
-            batch=_batch(c, f"{where}.batch", mdata.get("batch")),
-            input_specs=in_specs,
-            export=dict(export) if isinstance(export, dict) else None,
-        )
+        s = _spec(c, f"{where}.inputs.{pname}", pdata if isinstance(pdata, dict) else {})
+        if s is not None:
+            in_specs[str(pname)] = s
+    export = mdata.get("export")
+    return ModelDef(
+        name=mname,
+        backend=str(mdata.get("backend", "onnxruntime")),
+        path=path,
+        options=_mapping(c, f"{where}.options", mdata.get("options"), "write options: {KEY: VALUE}"),
+        batch=_batch(c, f"{where}.batch", mdata.get("batch")),
+        input_specs=in_specs,
+        export=dict(export) if isinstance(export, dict) else None,
+    )
 
-    nodes: dict[str, NodeDef] = {}
-    for nname, ndata in _mapping(
-        c, "nodes", data.get("nodes"), "write nodes: {NAME: {model: M, inputs: {...}}}"
+
+def _node(c: _Collector, nname: str, ndata: Any) -> NodeDef:
+    where = f"nodes.{nname}"
+    ndata = _mapping(c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}")
+    c.unknown_keys(where, ndata, _NODE_KEYS)
+    refs: dict[str, Ref] = {}
+    for port, raw in _mapping(
+        c, f"{where}.inputs", ndata.get("inputs"), "write inputs: {PORT: inputs.NAME | NODE.PORT}"
     ).items():
-        where = f"nodes.{nname}"
-        ndata = _mapping(c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}")
-        c.unknown_keys(where, ndata, _NODE_KEYS)
-        refs: dict[str, Ref] = {}
-        for port, raw in _mapping(
-            c, f"{where}.inputs", ndata.get("inputs"), "write inputs: {PORT: inputs.NAME | NODE.PORT}"
-        ).items():
-            try:
-                refs[str(port)] = Ref.parse(str(raw))
-            except ValueError as exc:
-                c.add(f"{where}.inputs.{port}", str(exc), "write inputs.NAME or NODE.PORT")
-        model, fn = ndata.get("model"), ndata.get("fn")
-        if (model is None) == (fn is None):
-            c.add(
-                where,
-                "a node needs exactly one of 'model' or 'fn'",
-                "write model: MODEL_NAME (from models:) or fn: package.module:function",
-            )
-        nodes[str(nname)] = NodeDef(
-            name=str(nname),
-            inputs=refs,
-            model=None if model is None else str(model),
-            fn=None if fn is None else str(fn),
-            map=_map_ports(c, f"{where}.map", ndata.get("map"), list(refs)),
-            options=_mapping(c, f"{where}.options", ndata.get("options"), "write options: {KEY: VALUE}"),
+        try:
+            refs[str(port)] = Ref.parse(str(raw))
+        except ValueError as exc:
+            c.add(f"{where}.inputs.{port}", str(exc), "write inputs.NAME or NODE.PORT")
+    model, fn = ndata.get("model"), ndata.get("fn")
+    if (model is None) == (fn is None):
+        c.add(
+            where,
+            "a node needs exactly one of 'model' or 'fn'",
+            "write model: MODEL_NAME (from models:) or fn: package.module:function",
         )
+    return NodeDef(
+        name=nname,
+        inputs=refs,
+        model=None if model is None else str(model),
+        fn=None if fn is None else str(fn),
+        map=_map_ports(c, f"{where}.map", ndata.get("map"), list(refs)),
+        options=_mapping(c, f"{where}.options", ndata.get("options"), "write options: {KEY: VALUE}"),
+    )
 
+
+def _outputs(c: _Collector, data: Any) -> dict[str, Ref]:
     outputs: dict[str, Ref] = {}
-    for oname, raw in _mapping(c, "outputs", data.get("outputs"), "write outputs: {NAME: NODE.PORT}").items():
+    for oname, raw in _mapping(c, "outputs", data, "write outputs: {NAME: NODE.PORT}").items():
         try:
             outputs[str(oname)] = Ref.parse(str(raw))
         except ValueError as exc:
             c.add(f"outputs.{oname}", str(exc), "write NODE.PORT")
     if not outputs:
         c.add("outputs", "the graph declares no outputs", "add outputs: {NAME: NODE.PORT}")
-    limits = _mapping(c, "limits", data.get("limits"), "write limits: {max_image_pixels: N}")
-    return name, inputs, models, nodes, outputs, limits, c.problems
+    return outputs
+
+
+def parse_graph(data: Mapping[str, Any], base_dir: Path | None, source: str | None = None) -> ParsedGraph:
+    """Turn a graph mapping into dataclasses: the parts and the schema problems found."""
+    c = _Collector()
+    c.unknown_keys("graph", data, _TOP_KEYS)
+    parsed = ParsedGraph(str(data.get("name") or (Path(source).stem if source else "graph")))
+    parsed.inputs = _inputs(c, data.get("inputs"))
+    models = _mapping(c, "models", data.get("models"), "write models: {NAME: {backend: ..., path: ...}}")
+    parsed.models = {str(m): _model(c, str(m), d, base_dir) for m, d in models.items()}
+    nodes = _mapping(c, "nodes", data.get("nodes"), "write nodes: {NAME: {model: M, inputs: {...}}}")
+    parsed.nodes = {str(n): _node(c, str(n), d) for n, d in nodes.items()}
+    parsed.outputs = _outputs(c, data.get("outputs"))
+    parsed.limits, limit_problems = parse_limits(data.get("limits"))
+    parsed.problems = c.problems + limit_problems
+    return parsed

@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from usg.graph.deploy import DeploySpec
+from usg.graph.limits import GraphLimits
 from usg.specs import Modality, TensorSpec
 
-__all__ = ["BatchPolicy", "Graph", "InputDef", "ModelDef", "NodeDef", "PadPolicy", "Ref"]
+__all__ = [
+    "OUT_ALIAS",
+    "BatchPolicy",
+    "Graph",
+    "InputDef",
+    "ModelDef",
+    "NodeDef",
+    "PadPolicy",
+    "Ref",
+    "model_output",
+    "wireable_outputs",
+]
 
 GRAPH_INPUTS = "inputs"
+#: the port name that stands for the only output of a single-output model
+OUT_ALIAS = "out"
+
+
+def model_output(port: str, outputs: Iterable[str]) -> str:
+    """The model output a wire's ``port`` names: ``out`` is the alias of a single-output
+    model's one output (the rule the executor, validation, ``/v2`` and the Triton export share)."""
+    if port != OUT_ALIAS:
+        return port
+    names = list(outputs)
+    return names[0] if len(names) == 1 else port
+
+
+def wireable_outputs(outputs: Iterable[str]) -> list[str]:
+    """The ports a wire may name on a model with these outputs (its outputs, and ``out`` for one)."""
+    names = list(outputs)
+    return [*names, OUT_ALIAS] if len(names) == 1 and names[0] != OUT_ALIAS else names
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,17 @@ class ModelDef:
     # how to produce the file when it is missing (e.g. {"exporter": "hf-text-encoder", ...})
     export: dict[str, Any] | None = None
 
+    @property
+    def concurrency(self) -> int:
+        """``options.concurrency``: backend calls (batches) in flight at once (validated at build)."""
+        return max(1, int(self.options.get("concurrency", 1)))
+
+    @property
+    def call_timeout_s(self) -> float | None:
+        """``options.call_timeout_ms`` in seconds: the deadline of one backend call (None: none)."""
+        ms = self.options.get("call_timeout_ms")
+        return None if ms is None else float(ms) / 1e3
+
 
 @dataclass(frozen=True)
 class NodeDef:
@@ -122,7 +163,7 @@ class Graph:
     outputs: dict[str, Ref]
     source: Path | None = None
     order: tuple[str, ...] = ()  # node names in a topological order
-    limits: dict[str, Any] = field(default_factory=dict)
+    limits: GraphLimits = field(default_factory=GraphLimits)
     # replicas / autoscaling / resources for the scale-out engines (Ray Serve, Triton export)
     deploy: DeploySpec = field(default_factory=DeploySpec)
 

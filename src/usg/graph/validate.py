@@ -12,39 +12,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from usg.callables import import_callable
 from usg.errors import GraphError, GraphProblem
+from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
-from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.graph.limits import GraphLimits
+from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref, model_output, wireable_outputs
+from usg.graph.options import model_option_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
-from usg.specs import TensorSpec
+from usg.specs import TensorSpec, merge_declared
 
 __all__ = ["ModelIO", "describe_model", "validate_graph"]
 
-ModelIO = tuple[dict[str, TensorSpec], dict[str, TensorSpec]]
-
 
 def describe_model(model: ModelDef) -> ModelIO | None:
-    """Input/output specs a model's file declares, without loading a session (None: unknown)."""
-    if model.backend == "onnxruntime" and model.path is not None and model.path.is_file():
-        from usg.backends.onnxruntime import describe_onnx
-
-        ins, outs, _ = describe_onnx(model.path)
-    elif model.backend == "tokenizer":
-        from usg.backends.tokenizer import TOKENIZER_INPUTS, TOKENIZER_OUTPUTS
-
-        ins, outs = dict(TOKENIZER_INPUTS), dict(TOKENIZER_OUTPUTS)
-    else:
+    """Input/output specs a model's file declares (tightened by the graph's declared input
+    specs), without loading a session; None when its backend kind cannot say."""
+    kind = model_kinds().get(model.backend)
+    if kind is None or kind.describe is None:
         return None
-    merged = dict(ins)
-    for name, declared in model.input_specs.items():
-        base = merged.get(name, TensorSpec())
-        merged[name] = TensorSpec(
-            dtype=declared.dtype or base.dtype,
-            shape=declared.shape if declared.shape is not None else base.shape,
-            range=declared.range,
-            layout=declared.layout or base.layout,
-        )
-    return merged, dict(outs)
+    io = kind.describe(model.path)
+    if io is None:
+        return None
+    return merge_declared(io[0], model.input_specs), dict(io[1])
 
 
 def _suggest(name: str, options: list[str]) -> str:
@@ -101,8 +91,10 @@ class _Validator:
     ) -> None:
         self.name, self.inputs, self.models, self.nodes, self.outputs = name, inputs, models, nodes, outputs
         self.problems: list[GraphProblem] = []
+        self.reported: set[str] = set()  # where the loader already found problems
         self.model_io: dict[str, ModelIO | None] = {}
         self.fn_sigs: dict[str, Any] = {}
+        self.fn_dir: Path | None = None  # the graph file's folder: modules next to it import
 
     def add(self, where: str, message: str, fix: str) -> None:
         self.problems.append(GraphProblem(where, message, fix))
@@ -123,25 +115,27 @@ class _Validator:
         return order
 
     def _models(self) -> None:
-        from usg.backends import BACKEND_KINDS
-
+        kinds = model_kinds()
         for m in self.models.values():
             where = f"models.{m.name}"
-            if m.backend not in BACKEND_KINDS:
+            kind = kinds.get(m.backend)
+            if kind is None:
                 self.add(
                     f"{where}.backend",
                     f"unknown backend {m.backend!r}",
-                    f"use one of: {', '.join(sorted(BACKEND_KINDS))}",
+                    f"use one of: {', '.join(sorted(kinds))}",
                 )
                 continue
-            if m.backend in ("onnxruntime", "tokenizer"):
-                if m.path is None:
+            self.problems += model_option_problems(where, m.options)
+            if kind.needs_path:
+                # a path the loader could not resolve is reported already, as models.NAME.path
+                if m.path is None and f"{where}.path" not in self.reported:
                     self.add(
                         where,
                         "no path given",
                         "add path: FILE (relative to the graph file, or pkg://PACKAGE/FILE)",
                     )
-                elif not m.path.is_file():
+                elif m.path is not None and not m.path.is_file():
                     fix = "check the path; relative paths are resolved against the graph file's folder"
                     if m.export:
                         exporter = m.export.get("exporter", "?")
@@ -158,15 +152,13 @@ class _Validator:
                 self.model_io[m.name] = None
 
     def _node_kinds(self) -> None:
-        from usg.backends.python_fn import import_callable
-
         for n in self.nodes.values():
             where = f"nodes.{n.name}"
             if n.model is not None and n.model not in self.models:
                 self.add(f"{where}.model", f"unknown model {n.model!r}", _suggest(n.model, list(self.models)))
             if n.fn is not None:
                 try:
-                    func = import_callable(n.fn)
+                    func = import_callable(n.fn, self.fn_dir)
                 except ValueError as exc:
                     self.add(f"{where}.fn", str(exc), "point fn at an importable 'package.module:function'")
                 else:
@@ -185,8 +177,7 @@ class _Validator:
             io = self.model_io.get(n.model)
             if io is None:
                 return None
-            ports = list(io[1])
-            return [*ports, "out"] if len(ports) == 1 else ports
+            return wireable_outputs(io[1])
         sig = self.fn_sigs.get(node)
         return None if sig is None or not sig.outputs else list(sig.outputs)
 
@@ -245,8 +236,7 @@ class _Validator:
             if io is None:
                 return None
             outs = io[1]
-            port = next(iter(outs)) if ref.port == "out" and len(outs) == 1 else ref.port
-            spec = outs.get(port)
+            spec = outs.get(model_output(ref.port, outs))
             return ListOf(spec) if n.map else spec
         sig = self.fn_sigs.get(n.name)
         spec = None if sig is None else sig.outputs.get(ref.port)
@@ -315,12 +305,14 @@ def validate_graph(
     outputs: dict[str, Ref],
     *,
     source: Path | None = None,
-    limits: dict[str, Any] | None = None,
+    limits: GraphLimits | None = None,
     problems: list[GraphProblem] | None = None,
     deploy: DeploySpec | None = None,
 ) -> Graph:
     """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
     v = _Validator(name, inputs, models, nodes, outputs)
+    v.reported = {p.where for p in problems or ()}
+    v.fn_dir = source.parent if source is not None else None
     order = v.run()
     all_problems = list(problems or []) + v.problems
     if all_problems:
@@ -333,6 +325,6 @@ def validate_graph(
         outputs,
         source=source,
         order=tuple(order),
-        limits=dict(limits or {}),
+        limits=limits or GraphLimits(),
         deploy=deploy or DeploySpec(),
     )

@@ -17,8 +17,6 @@ from usg.runtime.observer import Observer
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from usg.serve.app import ServeContext
-
 __all__ = ["ServeAddon", "serve_addons"]
 
 
@@ -28,7 +26,8 @@ class ServeAddon(Observer):
     def note_raw(self, request_id: str, raw: Mapping[str, Any]) -> None:
         return None
 
-    def bind(self, ctx: ServeContext) -> None:
+    def bind(self, ctx: Any) -> None:
+        """``ctx``: the server's ``usg.serve.app.ServeContext`` (not imported here: serve imports this module)."""
         return None
 
     def routes(self) -> list[BaseRoute]:

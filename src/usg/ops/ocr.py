@@ -268,7 +268,7 @@ def ctc_decode(
     ``text`` is the lines joined with newlines, or ``None`` when nothing was read (so nodes
     that embed it are skipped and the embedding output comes back absent).
     """
-    from usg.graph.paths import resolve_path
+    from usg.paths import resolve_path
 
     vocab = _vocabulary(str(resolve_path(vocab_model, Path.cwd())))
     lines = []

@@ -1,6 +1,6 @@
 """Typed, validating reads of ``config.json`` fields.
 
-Every failure is a :class:`usg.errors.UsageError` that names the file, the
+Every failure is a :class:`usg.errors.InputError` (the file's content is bad: exit code 1) that names the file, the
 field (with its JSON path), the value found and the fix.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from usg.errors import UsageError
+from usg.errors import InputError
 
 __all__ = ["Fields"]
 
@@ -47,9 +47,9 @@ class Fields:
             raise self.error(key, value, "must be a JSON object")
         return Fields(value, source=self.source, prefix=f"{self.prefix}{key}.", defaults=defaults)
 
-    def error(self, key: str, value: object, what: str, fix: str | None = None) -> UsageError:
+    def error(self, key: str, value: object, what: str, fix: str | None = None) -> InputError:
         fix = fix or f"set {self.path(key)!r} in {self.source} to the value of the published config.json"
-        return UsageError(f"{self.source}: field {self.path(key)!r} {what} (got {value!r}); fix: {fix}")
+        return InputError(f"{self.source}: field {self.path(key)!r} {what} (got {value!r}); fix: {fix}")
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         value = self.data.get(key)
@@ -60,7 +60,7 @@ class Fields:
             return self.defaults[key]
         if default is not _MISSING:
             return default
-        raise UsageError(
+        raise InputError(
             f"{self.source}: required field {self.path(key)!r} is missing; "
             f"fix: copy {self.path(key)!r} from the model's published config.json"
         )

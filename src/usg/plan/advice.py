@@ -60,17 +60,7 @@ def advise(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> li
     t, tp, mem = ev.target, ev.tensor_parallel_size, ev.memory
     out: list[Advice] = []
     if ev.prompt_image_tokens >= t.max_model_len:
-        need = _round_up(ev.prompt_image_tokens + 256, 256)
-        out.append(
-            Advice(
-                "--max-model-len",
-                str(t.max_model_len),
-                str(need),
-                f"{t.images_per_prompt} image(s) × {ev.image_tokens} tokens = "
-                f"{ev.prompt_image_tokens} tokens "
-                "leave no room for text; raise it, or lower --image-size / --images-per-prompt",
-            )
-        )
+        out.extend(_context_advice(m, gpu, ev))
     static = mem.weights + mem.activations
     if static >= mem.budget:
         out.append(
@@ -131,6 +121,53 @@ def advise(m: ModelShape, gpu: GPUProfile, ev: Evaluation, gpu_count: int) -> li
             break
     if not out:
         out.append(Advice("--gpu", gpu.name, "a larger GPU", "no single knob within range makes this target fit"))
+    return out
+
+
+_TEXT_ROOM = 256  # tokens of text a prompt with images needs at least
+
+
+def _context_advice(m: ModelShape, gpu: GPUProfile, ev: Evaluation) -> list[Advice]:
+    """The images of one prompt fill the context: a longer context (within the model's
+    ``max_position_embeddings``), fewer images per prompt, or smaller images — each checked to fit."""
+    t, tp = ev.target, ev.tensor_parallel_size
+    why = (
+        f"{t.images_per_prompt} image(s) × {ev.image_tokens} tokens = {ev.prompt_image_tokens} tokens "
+        f"fill the {t.max_model_len}-token context and leave no room for text"
+    )
+    out: list[Advice] = []
+    need = _round_up(ev.prompt_image_tokens + _TEXT_ROOM, 256)
+    if need <= m.max_position_embeddings and evaluate(m, gpu, t.with_(max_model_len=need), tp).fits:
+        out.append(Advice("--max-model-len", str(t.max_model_len), str(need), why))
+    room = t.max_model_len - _TEXT_ROOM
+    images = room // ev.image_tokens if ev.image_tokens else 0
+    if 0 < images < t.images_per_prompt and evaluate(m, gpu, t.with_(images_per_prompt=images), tp).fits:
+        out.append(Advice("--images-per-prompt", str(t.images_per_prompt), str(images), why))
+    if m.vision is not None:
+        vision = m.vision
+        width, height = t.image_size or vision.default_image_size()
+
+        step = vision.patch_size * vision.spatial_merge_size  # sizes the processor does not round
+
+        def ok(k: int) -> bool:
+            size = (k * step, max(1, round(k * step * height / width)))
+            if vision.image_tokens(size) * t.images_per_prompt > room:
+                return False
+            return evaluate(m, gpu, t.with_(image_size=size), tp).fits
+
+        best = _largest(ok, 1, width // step) * step
+        if best:
+            size = f"{best}x{max(1, round(best * height / width))}"
+            out.append(Advice("--image-size", f"{width}x{height}", size, f"{why}; keeps the aspect ratio"))
+    if not out:
+        out.append(
+            Advice(
+                "--images-per-prompt",
+                str(t.images_per_prompt),
+                "fewer, smaller images",
+                f"{why}, and the model's context is at most {m.max_position_embeddings} tokens",
+            )
+        )
     return out
 
 

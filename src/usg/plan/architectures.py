@@ -8,7 +8,7 @@ Supported ``model_type`` values: ``llama``, ``mistral``, ``qwen2``, ``gemma``,
 Nested ``text_config`` / ``vision_config`` objects in LLaVA checkpoints only
 store fields that differ from the transformers defaults; those defaults are
 applied and listed in :attr:`ModelShape.assumptions`. Top-level fields are
-never guessed: a missing one is a :class:`usg.errors.UsageError`.
+never guessed: a missing one is a :class:`usg.errors.InputError`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from usg.errors import UsageError
+from usg.errors import InputError, UsageError
 from usg.plan._fields import Fields
 from usg.plan.vision import VisionShape, parse_vision
 
@@ -137,9 +137,9 @@ def load_model_config(source: str | Path | Mapping[str, Any]) -> ModelShape:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read as JSON ({exc}); fix: pass the model's config.json") from None
+        raise InputError(f"{path}: cannot read as JSON ({exc}); fix: pass the model's config.json") from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: top level is {type(data).__name__}, not an object; fix: pass a config.json")
+        raise InputError(f"{path}: top level is {type(data).__name__}, not an object; fix: pass a config.json")
     return model_shape_from_dict(data, source_name=str(path), name=name)
 
 
@@ -150,7 +150,7 @@ def model_shape_from_dict(
     model_type = cfg.raw("model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         arch = data.get("architectures") or ["?"]
-        raise UsageError(
+        raise InputError(
             f"{source_name}: unknown architecture model_type={model_type!r} ({arch[0]}); "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}; "
             "fix: pass the config.json of a supported model family"

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from usg.errors import UsageError
+from usg.errors import InputError, UsageError
 
 __all__ = ["GPU_PROFILES", "GPUProfile", "get_gpu", "load_gpu_profiles", "parse_gpu_spec"]
 
@@ -145,7 +145,7 @@ def load_gpu_profiles(path: str | Path) -> dict[str, GPUProfile]:
         text = p.read_text(encoding="utf-8")
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"{p}: cannot parse GPU profiles ({exc}); fix: write valid YAML/JSON") from None
+        raise InputError(f"{p}: cannot parse GPU profiles ({exc}); fix: write valid YAML/JSON") from None
     if isinstance(data, dict) and "profiles" in data:
         data = data["profiles"]
     items = data if isinstance(data, list) else [data]
@@ -158,22 +158,22 @@ def load_gpu_profiles(path: str | Path) -> dict[str, GPUProfile]:
 
 def _profile_from(item: object, where: str) -> GPUProfile:
     if not isinstance(item, dict):
-        raise UsageError(f"{where}: a GPU profile must be a mapping, got {item!r}; fix: see usg plan --help")
+        raise InputError(f"{where}: a GPU profile must be a mapping, got {item!r}; fix: see usg plan --help")
     name = item.get("name")
     if not isinstance(name, str) or not name:
-        raise UsageError(f"{where}: field 'name' is missing or empty (got {name!r}); fix: add name: MY-GPU")
+        raise InputError(f"{where}: field 'name' is missing or empty (got {name!r}); fix: add name: MY-GPU")
 
     def number(*keys: str) -> float:
         for key in keys:
             if key in item:
                 value = item[key]
                 if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                    raise UsageError(
+                    raise InputError(
                         f"{where}: field {key!r} must be a positive number (got {value!r}); "
                         f"fix: take it from the {name} datasheet"
                     )
                 return float(value)
-        raise UsageError(
+        raise InputError(
             f"{where}: field {keys[0]!r} is missing for GPU {name!r}; fix: add {keys[0]} from the datasheet"
         )
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from usg.errors import MissingDependency, UsageError
@@ -29,8 +30,13 @@ def print_plan(p: Plan, console: Console | None = None) -> None:
     con = console or Console(width=None if sys.stdout.isatty() else 120)
     t, mem, m = p.target, p.memory, p.model
     verdict = "[bold green]FITS[/]" if p.fits else "[bold red]DOES NOT FIT[/]"
+    if not p.fits and p.image_tokens * t.images_per_prompt >= t.max_model_len:
+        verdict += (
+            f" [red](not memory: the {t.images_per_prompt} image(s) of a prompt fill the "
+            f"{t.max_model_len}-token context)[/]"
+        )
     con.print(
-        f"[bold]usg plan[/]: {m.name} on {p.gpu_count}× {p.gpu.name} (TP={p.tensor_parallel_size}) — "
+        f"[bold]usg plan[/]: {escape(m.name)} on {p.gpu_count}× {escape(p.gpu.name)} (TP={p.tensor_parallel_size}) — "
         f"{t.concurrency} × {t.max_model_len} tokens"
         + (f", {t.images_per_prompt} image(s)/prompt" if t.images_per_prompt else "")
         + f" → {verdict}"
@@ -51,7 +57,7 @@ def print_plan(p: Plan, console: Console | None = None) -> None:
         model.add_row("tokens per image", str(p.image_tokens))
     con.print(model)
 
-    table = Table(title=f"Memory per GPU ({p.gpu.name}, {_gib(mem.total)})", title_justify="left")
+    table = Table(title=escape(f"Memory per GPU ({p.gpu.name}, {_gib(mem.total)})"), title_justify="left")
     table.add_column("part")
     table.add_column("size", justify="right")
     table.add_column("of total", justify="right")

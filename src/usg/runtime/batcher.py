@@ -5,9 +5,9 @@ items are waiting or the oldest has waited the (adaptive) delay: it orders
 waiting items by length, groups items that may share a batch — equal shapes,
 or, for models declared pad-safe, equal shapes outside the padded axes — pads
 variable axes to a multiple or bucket, respects a padded-element budget
-(``max_tokens`` / ``max_pixels``) and preferred batch sizes, and runs batches
-on worker threads. If a batch raises, it is split and retried so only the
-failing items fail (poison isolation).
+(``max_tokens`` / ``max_pixels``) and preferred batch sizes, and hands each batch to the
+:class:`~usg.runtime.kernel.BatchKernel` (pad, call on a worker thread, split, retry the
+items of a failed batch alone, emit events), at most ``concurrency`` batches at a time.
 """
 
 from __future__ import annotations
@@ -22,28 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from usg.backends.base import Backend
-from usg.errors import BackendError, Overloaded, StateError
+from usg.errors import BackendError, Overloaded, StateError, USGError
 from usg.graph.model import BatchPolicy, PadPolicy
-from usg.runtime.padding import assemble, group_key, item_length, item_rows, padded_elements, split_outputs
-from usg.runtime.runner import ItemTiming, call_backend
+from usg.records import BatchEvent, ItemTiming
+from usg.runtime.kernel import BatchKernel, Outcome
+from usg.runtime.padding import group_key, item_length, item_rows, padded_elements
 
 __all__ = ["BatchEvent", "BatchingRunner"]
 
 log = logging.getLogger("usg.runtime.batcher")
-
-
-@dataclass(frozen=True)
-class BatchEvent:
-    """One backend call made by a batcher (for metrics)."""
-
-    model: str
-    items: int
-    rows: int
-    real_elements: int
-    padded_elements: int
-    queue_ms: tuple[float, ...]
-    compute_ms: float
-    ok: bool
 
 
 @dataclass(eq=False)  # identity: items hold arrays, and _take_batch looks items up with list.index
@@ -55,7 +42,6 @@ class _Pending:
     length: int
     timing: ItemTiming | None
     rows: int = 1
-    started: float = 0.0
 
 
 class BatchingRunner:
@@ -68,6 +54,7 @@ class BatchingRunner:
         *,
         concurrency: int = 1,
         listeners: Sequence[Callable[[BatchEvent], None]] | None = None,
+        call_timeout_s: float | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -82,6 +69,9 @@ class BatchingRunner:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+        self.kernel = BatchKernel(
+            model, backend, policy.pad, pool=pool, call_timeout_s=call_timeout_s, max_parallel_retries=policy.max_size
+        )
 
     batches = True  # calls are batched here (figures come from BatchEvents)
 
@@ -110,6 +100,7 @@ class BatchingRunner:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.kernel.close()
 
     @property
     def queue_depth(self) -> int:
@@ -117,6 +108,21 @@ class BatchingRunner:
 
     # -- submission --------------------------------------------------------------------------
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        self._admit()
+        pending = self._enqueue(item, timing)
+        return await pending.future
+
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Submit one request's fan-out, admitted as a whole: the queue bound counts the items
+        waiting before it (other requests'), never the fan-out's own items, so a fan-out that
+        fits the graph's ``limits.max_fanout_items`` is not refused for its own size."""
+        self._admit()
+        pending = [self._enqueue(item, timing) for item, timing in zip(items, timings, strict=True)]
+        return list(await asyncio.gather(*(p.future for p in pending)))
+
+    def _admit(self) -> None:
         if self._task is None or self._wake is None or self._task.done():
             raise StateError(f"batcher for model {self.model!r} is not started")
         if self._closing:
@@ -128,8 +134,10 @@ class BatchingRunner:
                 retry_after=max(0.05, self.policy.max_delay_ms / 1000 * 4),
                 why=f"queue_full:{self.model}",
             )
+
+    def _enqueue(self, item: Mapping[str, Any], timing: ItemTiming | None) -> _Pending:
+        assert self._wake is not None
         loop = asyncio.get_running_loop()
-        rows = item_rows(item)
         pending = _Pending(
             item,
             loop.create_future(),
@@ -137,11 +145,11 @@ class BatchingRunner:
             group_key(item, self.pad),
             item_length(item, self.pad),
             timing,
-            rows,
+            item_rows(item),
         )
         self._queue.append(pending)
         self._wake.set()
-        return await pending.future
+        return pending
 
     # -- scheduling --------------------------------------------------------------------------
     def _delay_s(self) -> float:
@@ -240,62 +248,40 @@ class BatchingRunner:
     # -- running -----------------------------------------------------------------------------
     async def _run_batch(self, batch: list[_Pending]) -> None:
         assert self._slots is not None
+        slots = self._slots
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                slots.release()
+
+        started = time.perf_counter()
+        waits = [(started - p.enqueued) * 1e3 for p in batch]
+
+        def deliver(i: int, outcome: Outcome, timing: ItemTiming) -> None:
+            p = batch[i]
+            if isinstance(outcome, USGError):
+                if not p.future.done():
+                    p.future.set_exception(outcome)
+                return
+            if p.timing is not None:
+                p.timing.queue_ms, p.timing.compute_ms = timing.queue_ms, timing.compute_ms
+                p.timing.batch_size = timing.batch_size
+            if not p.future.done():
+                p.future.set_result(outcome)
+
         try:
-            await self._run_split(batch)
+            await self.kernel.run([p.item for p in batch], waits, deliver, self._emit, release)
         except Exception as exc:  # a bug in assembling/splitting: fail these items, keep serving
             log.exception("batcher %s: batch failed outside the backend", self.model)
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(BackendError(f"model {self.model!r}: batching failed: {exc}"))
         finally:
-            self._slots.release()
+            release()
 
-    async def _run_split(self, batch: list[_Pending]) -> None:
-        started = time.perf_counter()
-        for p in batch:
-            p.started = started
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        real = padded = 0
-        try:
-            inputs, real, padded = assemble([p.item for p in batch], self.pad)
-            out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, inputs)
-            parts = split_outputs(out, [p.item for p in batch], self.pad, inputs)
-        except Exception as exc:
-            compute_ms = (time.perf_counter() - t0) * 1e3
-            self._emit(batch, real, padded, compute_ms, ok=False)
-            if len(batch) == 1:
-                p = batch[0]
-                if not p.future.done():
-                    p.future.set_exception(exc if isinstance(exc, BackendError) else BackendError(str(exc)))
-                return
-            # poison isolation: split and retry, so only the failing items fail
-            mid = len(batch) // 2
-            await self._run_split(batch[:mid])
-            await self._run_split(batch[mid:])
-            return
-        compute_ms = (time.perf_counter() - t0) * 1e3
-        self._emit(batch, real, padded, compute_ms, ok=True)
-        for p, part in zip(batch, parts, strict=True):
-            if p.timing is not None:
-                p.timing.queue_ms = (started - p.enqueued) * 1e3
-                p.timing.compute_ms = compute_ms
-                p.timing.batch_size = len(batch)
-            if not p.future.done():
-                p.future.set_result(part)
-
-    def _emit(self, batch: list[_Pending], real: int, padded: int, compute_ms: float, *, ok: bool) -> None:
-        if not self.listeners:
-            return
-        event = BatchEvent(
-            self.model,
-            len(batch),
-            sum(p.rows for p in batch),
-            real,
-            padded,
-            tuple((p.started - p.enqueued) * 1e3 for p in batch),
-            compute_ms,
-            ok,
-        )
+    def _emit(self, event: BatchEvent, indices: tuple[int, ...]) -> None:
         for listener in self.listeners:
             listener(event)

@@ -1,4 +1,5 @@
-"""Run-time contract check at a model input: cheap (dtype, rank, fixed dims, symbolic dims), range if declared."""
+"""Run-time contracts at model inputs: which specs apply, and a cheap check (dtype, rank, fixed and
+symbolic dims; range if declared)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from typing import Any
 import numpy as np
 
 from usg.errors import ContractError
-from usg.specs import TensorSpec
+from usg.specs import TensorSpec, merge_declared
 
-__all__ = ["check_model_inputs"]
+__all__ = ["check_model_inputs", "model_input_specs"]
+
+
+def model_input_specs(
+    file_specs: Mapping[str, TensorSpec], declared: Mapping[str, TensorSpec]
+) -> dict[str, TensorSpec]:
+    """The contract checked at a model's inputs: the backend's specs tightened by the graph's."""
+    return merge_declared(file_specs, declared)
 
 
 def _fix(spec: TensorSpec, arr: np.ndarray) -> str:

@@ -12,27 +12,28 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
-import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from usg.backends import Backend, create_backend
-from usg.backends.python_fn import accepted_params, import_callable
-from usg.errors import BackendError, RequestTimeout, StateError, UsageError, USGError
-from usg.graph.model import Graph, NodeDef
-from usg.runtime.contract import check_model_inputs
+from usg.backends import Backend
+from usg.callables import accepted_params, import_callable
+from usg.errors import BackendError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
+from usg.graph.model import OUT_ALIAS, Graph, NodeDef, model_output, wireable_outputs
+from usg.records import ItemTiming, NodeEvent
+from usg.runtime.contract import check_model_inputs, model_input_specs
 from usg.runtime.inputs import normalize_inputs
-from usg.runtime.observer import NodeEvent, Observer
+from usg.runtime.loop_thread import LoopThread
+from usg.runtime.observer import Observer
 from usg.runtime.result import InferResult
-from usg.runtime.runner import DirectRunner, ItemTiming, ModelRunner
+from usg.runtime.runner import DirectRunner, ModelRunner, backend_for, concurrency_for
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]
 
-T = TypeVar("T")
 _ids = itertools.count(1)
 
 
@@ -41,6 +42,57 @@ class ExecutorState(enum.StrEnum):
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+@dataclass
+class _Request:
+    """One request in flight: its inputs, each node's task, and the outputs and times of the
+    nodes that ran (``None``: the node was skipped at run time)."""
+
+    rid: str
+    values: dict[str, Any]
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    node_ms: dict[str, float] = field(default_factory=dict)
+
+    def node_args(self, node: NodeDef) -> dict[str, Any] | None:
+        """The node's inputs by port, or None when one is absent (its branch is skipped)."""
+        args: dict[str, Any] = {}
+        for port, ref in node.inputs.items():
+            if ref.is_graph_input:
+                args[port] = self.values[ref.port]
+                continue
+            up = self.outputs.get(ref.source)
+            if up is None:  # upstream skipped at run time
+                return None
+            if ref.port not in up:
+                raise BackendError(
+                    f"node {ref.source!r} returned no output {ref.port!r} (it returned "
+                    f"{sorted(up)}), which node {node.name!r} needs; fix: return {ref.port!r} from it"
+                )
+            args[port] = up[ref.port]
+        return None if any(v is None for v in args.values()) else args
+
+    def graph_outputs(self, graph: Graph) -> dict[str, Any]:
+        """The graph's outputs that have a value (absent ones are left out, not errors)."""
+        result: dict[str, Any] = {}
+        for oname, ref in graph.outputs.items():
+            if ref.is_graph_input:
+                if ref.port in self.values:
+                    result[oname] = self.values[ref.port]
+                continue
+            up = self.outputs.get(ref.source)
+            if up is not None and ref.port in up and up[ref.port] is not None:
+                result[oname] = up[ref.port]
+        return result
+
+
+def _aliased(out: dict[str, Any], out_names: list[str]) -> dict[str, Any]:
+    """A single-output model's outputs with the ``out`` alias added (:func:`model_output`)."""
+    if len(out_names) != 1 or OUT_ALIAS in out:
+        return out
+    real = model_output(OUT_ALIAS, out_names)
+    return {**out, OUT_ALIAS: out[real]} if real in out else out
 
 
 class _EmptyFanOut(dict[str, Any]):
@@ -108,9 +160,7 @@ class Executor:
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}
-        self._loop_thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._start_lock = threading.Lock()
+        self._sync = LoopThread()
         self._inflight = 0
         self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
 
@@ -124,20 +174,11 @@ class Executor:
         loop = asyncio.get_running_loop()
         for name, model in self.graph.models.items():
             if name not in self._backends:
-                self._backends[name] = create_backend(model)
+                self._backends[name] = backend_for(model)
         await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
         for name, model in self.graph.models.items():
             backend = self._backends[name]
-            specs = dict(backend.input_specs)
-            for port, declared in model.input_specs.items():
-                base = specs.get(port, TensorSpec())
-                specs[port] = TensorSpec(
-                    declared.dtype or base.dtype,
-                    declared.shape if declared.shape is not None else base.shape,
-                    declared.range,
-                    declared.layout or base.layout,
-                )
-            self._in_specs[name] = specs
+            self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
             self._out_names[name] = list(backend.output_specs)
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():
@@ -153,7 +194,7 @@ class Executor:
 
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
-        concurrency = int(model.options.get("concurrency", 1))
+        concurrency = concurrency_for(model, backend)
         listeners = [obs.batch_finished for obs in self.observers]
         if backend.remote_batching:
             backend.batch_listeners[:] = listeners
@@ -167,8 +208,9 @@ class Executor:
                 model.batch,
                 concurrency=concurrency,
                 listeners=listeners,
+                call_timeout_s=model.call_timeout_s,
             )
-        return DirectRunner(name, backend, self._pool, concurrency=concurrency)
+        return DirectRunner(name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s)
 
     async def aclose(self) -> None:
         """Stop runners (finishing queued items) and close backends."""
@@ -253,85 +295,51 @@ class Executor:
 
     async def _run(self, rid: str, values: dict[str, Any]) -> InferResult:
         active, pruned = self.plan(set(values))
-        outputs: dict[str, dict[str, Any] | None] = {}
-        node_ms: dict[str, float] = {}
-        tasks: dict[str, asyncio.Task[None]] = {}
-
-        async def run_node(name: str) -> None:
-            node = self.graph.nodes[name]
-            deps = [tasks[s] for s in {r.source for r in node.inputs.values() if not r.is_graph_input}]
-            if deps:
-                await asyncio.gather(*deps)
-            args: dict[str, Any] = {}
-            for port, ref in node.inputs.items():
-                if ref.is_graph_input:
-                    args[port] = values[ref.port]
-                else:
-                    up = outputs.get(ref.source)
-                    if up is None:  # upstream skipped at run time
-                        outputs[name] = None
-                        return
-                    if ref.port not in up:
-                        raise BackendError(
-                            f"node {ref.source!r} returned no output {ref.port!r} (it returned "
-                            f"{sorted(up)}), which node {name!r} needs; fix: return {ref.port!r} from it"
-                        )
-                    args[port] = up[ref.port]
-            if any(v is None for v in args.values()):
-                outputs[name] = None  # an upstream said "nothing here": skip this branch
-                return
-            start = time.perf_counter()
-            timing = ItemTiming()
-            items = 1
-            ok = False
-            try:
-                if node.model is not None:
-                    outputs[name], items = await self._run_model_node(node, args, timing)
-                else:
-                    outputs[name], items = await self._run_fn_node(node, args)
-                ok = True
-            finally:
-                end = time.perf_counter()
-                node_ms[name] = (end - start) * 1e3
-                event = NodeEvent(
-                    rid,
-                    name,
-                    node.kind,
-                    node.model,
-                    start,
-                    end,
-                    timing.queue_ms,
-                    timing.compute_ms,
-                    items,
-                    ok,
-                )
-                for obs in self.observers:
-                    obs.node_finished(event)
-
+        state = _Request(rid, values)
         for name in active:
-            tasks[name] = asyncio.create_task(run_node(name), name=f"{rid}:{name}")
+            state.tasks[name] = asyncio.create_task(self._run_node(state, name), name=f"{rid}:{name}")
         try:
-            await asyncio.gather(*tasks.values())
+            await asyncio.gather(*state.tasks.values())
         finally:
-            for t in tasks.values():
+            for t in state.tasks.values():
                 if not t.done():
                     t.cancel()
             # let cancelled tasks finish so no "Task was destroyed" warnings leak
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await asyncio.gather(*state.tasks.values(), return_exceptions=True)
         for obs in self.observers:
-            obs.request_values(rid, values, outputs)
-        skipped = [n for n in active if outputs.get(n) is None]
-        result_outputs: dict[str, Any] = {}
-        for oname, ref in self.graph.outputs.items():
-            if ref.is_graph_input:
-                if ref.port in values:
-                    result_outputs[oname] = values[ref.port]
-                continue
-            up = outputs.get(ref.source)
-            if up is not None and ref.port in up and up[ref.port] is not None:
-                result_outputs[oname] = up[ref.port]
+            obs.request_values(rid, state.values, state.outputs)
+        skipped = [n for n in active if state.outputs.get(n) is None]
         all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
-        return InferResult(result_outputs, all_pruned, node_ms, rid)
+        return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid)
+
+    async def _run_node(self, state: _Request, name: str) -> None:
+        node = self.graph.nodes[name]
+        deps = [state.tasks[s] for s in {r.source for r in node.inputs.values() if not r.is_graph_input}]
+        if deps:
+            await asyncio.gather(*deps)
+        args = state.node_args(node)
+        if args is None:  # an upstream was skipped, or said "nothing here": skip this branch
+            state.outputs[name] = None
+            return
+        start = time.perf_counter()
+        timing = ItemTiming()
+        items = 1
+        ok = False
+        try:
+            if node.model is not None:
+                state.outputs[name], items = await self._run_model_node(node, args, timing)
+            else:
+                state.outputs[name], items = await self._run_fn_node(node, args)
+            ok = True
+        finally:
+            end = time.perf_counter()
+            state.node_ms[name] = (end - start) * 1e3
+            if self.observers:
+                kind, model = node.kind, node.model
+                q, c = timing.queue_ms, timing.compute_ms
+                event = NodeEvent(state.rid, name, kind, model, start, end, q, c, items, ok)
+                for obs in self.observers:
+                    obs.node_finished(event)
 
     async def _run_fn_node(self, node: NodeDef, args: dict[str, Any]) -> tuple[dict[str, Any], int]:
         func = self._fns[node.name]
@@ -373,6 +381,14 @@ class Executor:
                 "fix: make the upstream nodes return lists of equal length"
             )
         n = next(iter(lengths.values()), 0)
+        limit = self.graph.limits.max_fanout_items
+        if n > limit:
+            raise PayloadTooLarge(
+                f"node {node.name!r} would fan out to {n} items, above the graph's limit of {limit} "
+                "(limits.max_fanout_items)",
+                field=node.name,
+                fix="send a smaller input, or raise limits.max_fanout_items in the graph",
+            )
         return [{p: (args[p][i] if p in node.map else args[p]) for p in args} for i in range(n)]
 
     async def _run_model_node(
@@ -388,61 +404,31 @@ class Executor:
             check_model_inputs(node.name, node.model or "", specs, item)
             return item
 
-        def with_alias(out: dict[str, Any]) -> dict[str, Any]:
-            if len(out_names) == 1 and out_names[0] in out:
-                out = {**out, "out": out[out_names[0]]}
-            return out
-
         if not node.map:
             out = await runner.submit(prepare(args), timing)
-            return with_alias(out), 1
+            return _aliased(out, out_names), 1
         items = [prepare(a) for a in self._split_map(node, args)]
         timings = [ItemTiming() for _ in items]
-        outs = await asyncio.gather(*(runner.submit(it, t) for it, t in zip(items, timings, strict=True)))
+        outs = await runner.submit_many(items, timings)
         timing.queue_ms = sum(t.queue_ms for t in timings)
         timing.compute_ms = sum(t.compute_ms for t in timings)
-        keys = [*out_names, "out"] if len(out_names) == 1 else out_names
-        gathered = {k: [with_alias(o)[k] for o in outs] for k in keys}
+        keys = wireable_outputs(out_names)
+        gathered = {k: [o[model_output(k, out_names)] for o in outs] for k in keys}
         return gathered, len(items)
 
     # -- sync facade -------------------------------------------------------------------------
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._start_lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def runner() -> None:
-                    asyncio.set_event_loop(loop)
-                    ready.set()
-                    loop.run_forever()
-
-                self._loop_thread = threading.Thread(target=runner, name="usg-loop", daemon=True)
-                self._loop_thread.start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop = self._ensure_loop()
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
-
     def start_sync(self) -> None:
-        self._call(self.start())
+        self._sync.run(self.start())
 
     def infer_sync(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferResult:
         """Blocking :meth:`infer` for scripts and the CLI (runs an event loop in a background thread)."""
-        return self._call(self.infer(inputs, timeout_s=timeout_s))
+        return self._sync.run(self.infer(inputs, timeout_s=timeout_s))
 
     def close(self) -> None:
         """Blocking :meth:`aclose`; also stops the background loop of the sync facade."""
-        if self._loop is not None:
-            self._call(self.aclose())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(timeout=5)
-            self._loop.close()
-            self._loop = None
+        if self._sync.started:
+            self._sync.run(self.aclose())
+            self._sync.stop()
         elif self.state is not ExecutorState.CLOSED:
             asyncio.run(self.aclose())
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from usg.errors import InputError
+from usg.errors import InputError, PayloadTooLarge
 from usg.graph.model import Graph
-from usg.ops.image import DEFAULT_MAX_IMAGE_PIXELS, decode_image
+from usg.ops.image import decode_image
 from usg.specs import Modality
 
 __all__ = ["normalize_inputs"]
@@ -24,7 +24,7 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
             field=unknown[0],
             fix=f"use the graph's inputs: {', '.join(sorted(graph.inputs))}",
         )
-    max_pixels = int(graph.limits.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS))
+    max_pixels = graph.limits.max_image_pixels
     values: dict[str, Any] = {}
     for name, d in graph.inputs.items():
         value = raw.get(name)
@@ -39,14 +39,7 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
         if d.modality is Modality.IMAGE:
             values[name] = decode_image(value, field=name, max_pixels=max_pixels)
         elif d.modality is Modality.TEXT:
-            if isinstance(value, bytes):
-                try:
-                    value = value.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise InputError(f"{name}: text is not valid UTF-8", field=name, fix="send UTF-8 text") from None
-            if not isinstance(value, str):
-                raise InputError(f"{name}: expected text, got {type(value).__name__}", field=name, fix="pass a string")
-            values[name] = value
+            values[name] = _text(name, value, graph.limits.max_text_chars)
         else:
             if d.spec is not None:
                 if not isinstance(value, np.ndarray):
@@ -68,3 +61,35 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
         present = ", ".join(f"{n} ({d.modality.value})" for n, d in graph.inputs.items())
         raise InputError("no inputs given", field=None, fix=f"pass at least one of: {present}")
     return values
+
+
+def _text(name: str, value: Any, limit: int) -> str:
+    """A text input as a str within ``limits.max_text_chars``, checked before decoding it."""
+    if isinstance(value, (bytes, bytearray)):
+        if len(value) > 4 * limit:  # UTF-8 has at most 4 bytes a character: surely too long
+            raise _too_long(name, len(value), limit, "bytes")
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{name}: text is not valid UTF-8", field=name, fix="send UTF-8 text") from None
+    if not isinstance(value, str):
+        raise InputError(f"{name}: expected text, got {type(value).__name__}", field=name, fix="pass a string")
+    if len(value) > limit:
+        raise _too_long(name, len(value), limit, "characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{name}: text has an unpaired surrogate {value[exc.start]!r} at position {exc.start}",
+            field=name,
+            fix="send valid Unicode text (a surrogate pair, or the character itself)",
+        ) from None
+    return value
+
+
+def _too_long(name: str, size: int, limit: int, unit: str) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"input {name!r} has {size} {unit}, above the graph's limit of {limit} characters (limits.max_text_chars)",
+        field=name,
+        fix="send a shorter text (split a long document), or raise limits.max_text_chars in the graph",
+    )

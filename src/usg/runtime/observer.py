@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from usg.runtime.batcher import BatchEvent
+from usg.records import BatchEvent, NodeEvent
 
 __all__ = ["NodeEvent", "Observer"]
-
-
-@dataclass(frozen=True)
-class NodeEvent:
-    request_id: str
-    node: str
-    kind: str  # "model" | "fn"
-    model: str | None
-    start: float  # time.perf_counter() at start
-    end: float
-    queue_ms: float  # summed over items for map nodes
-    compute_ms: float
-    items: int
-    ok: bool
 
 
 class Observer:

@@ -10,24 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor as PoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from usg.backends import create_backend
 from usg.backends.base import Backend
-from usg.errors import BackendError, USGError
+from usg.graph.model import ModelDef
+from usg.records import ItemTiming
+from usg.runtime.kernel import call_backend, call_with_deadline
 
-__all__ = ["DirectRunner", "ItemTiming", "ModelRunner"]
+__all__ = ["DirectRunner", "ItemTiming", "ModelRunner", "backend_for", "concurrency_for"]
 
 
-@dataclass
-class ItemTiming:
-    """Where an item's time went: waiting for a batch slot, and inside the backend."""
+def backend_for(model: ModelDef) -> Backend:
+    """The (not yet loaded) backend a graph's model declares."""
+    return create_backend(model.backend, model.path, model.options, name=model.name)
 
-    queue_ms: float = 0.0
-    compute_ms: float = 0.0
-    batch_size: int = 1
+
+def concurrency_for(model: ModelDef, backend: Backend) -> int:
+    """Calls of ``model`` in flight at once: ``options.concurrency``, else the backend's default."""
+    return model.concurrency if "concurrency" in model.options else max(1, backend.default_concurrency)
 
 
 class ModelRunner(Protocol):
@@ -42,30 +45,36 @@ class ModelRunner(Protocol):
 
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]: ...
 
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Submit one request's fan-out (a map node's items), admitted as a whole."""
+        ...
+
     async def stop(self) -> None: ...
-
-
-def call_backend(backend: Backend, model: str, batch: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one batch, turning unexpected exceptions into BackendError that names the model."""
-    try:
-        return backend.infer(batch)
-    except USGError:
-        raise
-    except Exception as exc:
-        raise BackendError(f"model {model!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 class DirectRunner:
     """One backend call per item, at most ``concurrency`` at a time (like one Triton instance).
 
-    A remote backend (``backend.remote``) is awaited directly with no local cap: the remote
-    deployment queues, batches and pushes back.
+    With ``call_timeout_s`` a call past the deadline fails (and frees its slot) with a
+    BackendError; see :mod:`usg.runtime.kernel`. A remote backend (``backend.remote``) is
+    awaited directly with no local cap: the remote deployment queues, batches and pushes back.
     """
 
-    def __init__(self, model: str, backend: Backend, pool: PoolExecutor, *, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        model: str,
+        backend: Backend,
+        pool: PoolExecutor,
+        *,
+        concurrency: int = 1,
+        call_timeout_s: float | None = None,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.pool = pool
+        self.call_timeout_s = call_timeout_s
         self._sem = asyncio.Semaphore(max(1, concurrency))
 
     @property
@@ -96,12 +105,16 @@ class DirectRunner:
             if self.backend.runs_inline(item):
                 out = call_backend(self.backend, self.model, item)
             else:
-                loop = asyncio.get_running_loop()
-                out = await loop.run_in_executor(self.pool, call_backend, self.backend, self.model, item)
+                out = await call_with_deadline(self.pool, self.backend, self.model, item, self.call_timeout_s)
         if timing is not None:
             timing.queue_ms = (t1 - t0) * 1e3
             timing.compute_ms = (time.perf_counter() - t1) * 1e3
         return out
+
+    async def submit_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self.submit(it, t) for it, t in zip(items, timings, strict=True))))
 
     async def stop(self) -> None:
         return None

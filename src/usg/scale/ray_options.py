@@ -53,7 +53,7 @@ def _options(policy: DeployPolicy, max_ongoing: int) -> dict[str, Any]:
 
 def model_options(graph: Graph, model: str) -> dict[str, Any]:
     m = graph.models[model]
-    concurrency = max(1, int(m.options.get("concurrency", 1)))
+    concurrency = m.concurrency
     # a replica must hold enough requests to fill its concurrent batches, twice over
     return _options(graph.deploy.model(model), max(16, 2 * m.batch.max_size * concurrency))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import ReplicaUnavailable, USGError
-from usg.runtime.runner import ItemTiming
+from usg.records import ItemTiming
 from usg.scale.reply import ReplicaReply
 
 __all__ = ["RayFn", "RayModelBackend", "replica_failure_types"]

@@ -1,11 +1,11 @@
 """What runs inside a model or Python-node deployment on Ray Serve.
 
 A model replica loads the same backend the in-process executor would
-(:func:`usg.backends.create_backend`) and batches calls with ``@serve.batch`` sized from the
+(:func:`usg.runtime.runner.backend_for`) and batches calls with ``@serve.batch`` sized from the
 model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
-is split into shape-compatible groups and run by :func:`usg.runtime.batch_call.run_items`
-(padding and poison isolation as in-process), and each backend call's
-:class:`~usg.runtime.batcher.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
+is split into shape-compatible groups and run by :func:`usg.runtime.kernel.run_items`
+(the in-process batcher's kernel: padding, poison isolation, call deadline), and each backend call's
+:class:`~usg.records.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
 for the router's metrics. A node replica calls the node's Python function. Both return USG
 errors as values, so the router re-raises the original error type instead of a wrapped
 ``RayTaskError``.
@@ -20,13 +20,12 @@ from typing import Any
 
 from ray import serve
 
-from usg.backends import create_backend
-from usg.backends.python_fn import accepted_params, import_callable
+from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
-from usg.runtime.batch_call import run_items
-from usg.runtime.batcher import BatchEvent
-from usg.runtime.runner import call_backend
+from usg.records import BatchEvent
+from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items
+from usg.runtime.runner import backend_for, concurrency_for
 from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
 
@@ -36,10 +35,10 @@ __all__ = ["FnReplica", "ModelReplica"]
 class ModelReplica:
     def __init__(self, model: ModelDef) -> None:
         self.model = model
-        self.backend = create_backend(model)
+        self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
-        concurrency = max(1, int(model.options.get("concurrency", 1)))
+        concurrency = concurrency_for(model, self.backend)
         # @serve.batch built per replica from the graph's policy: max size, wait, and as many
         # batches in flight as the model's options.concurrency (its in-process instance count)
         self._batched: Any = serve.batch(
@@ -48,6 +47,14 @@ class ModelReplica:
             max_concurrent_batches=concurrency,
         )(self._run_batch)
         self._calls = asyncio.Semaphore(concurrency)
+        self._timeout_s = model.call_timeout_s
+        self._kernel = BatchKernel(
+            model.name,
+            self.backend,
+            model.batch.pad,
+            call_timeout_s=self._timeout_s,
+            max_parallel_retries=model.batch.max_size,
+        )
         self._items = 0
         self._backend_calls = 0
 
@@ -67,8 +74,8 @@ class ModelReplica:
             self._backend_calls += 1
             t0 = time.perf_counter()
             try:
-                out: dict[str, Any] | USGError = await asyncio.to_thread(
-                    call_backend, self.backend, self.model.name, item
+                out: dict[str, Any] | USGError = await call_with_deadline(
+                    None, self.backend, self.model.name, item, self._timeout_s
                 )
             except USGError as exc:
                 out = exc
@@ -78,8 +85,7 @@ class ModelReplica:
         started = time.perf_counter()
         items = [item for item, _ in entries]
         waits = [(started - enqueued) * 1e3 for _, enqueued in entries]
-        pad = self.model.batch.pad
-        results, calls = await asyncio.to_thread(run_items, self.backend, self.model.name, items, pad, waits)
+        results, calls = await run_items(self._kernel, items, waits)
         self._items += len(items)
         self._backend_calls += len(calls)
         # each call's event rides back with the first item it ran, so the router counts it once;

@@ -2,7 +2,7 @@
 
 The item's outputs (or the USG error that item caused, so the router re-raises the original
 type), and the batches that this item was the first of: one
-:class:`usg.runtime.batcher.BatchEvent` per backend call, reported once per call, so the
+:class:`usg.records.BatchEvent` per backend call, reported once per call, so the
 router's ``/metrics`` (``usg_batch_size``, queue wait, compute, padding waste) and
 ``usg bench``'s breakdown describe replica batching as they describe in-process batching;
 and the item's own compute time, so a trace separates the hop from the model.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from usg.errors import USGError
-from usg.runtime.batcher import BatchEvent
+from usg.records import BatchEvent
 
 __all__ = ["ReplicaReply"]
 

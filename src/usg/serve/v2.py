@@ -26,6 +26,7 @@ from starlette.routing import Route
 from usg import __version__
 from usg.errors import InputError
 from usg.graph import Graph, describe_model
+from usg.graph.model import model_output
 from usg.runtime.result import to_jsonable
 from usg.serve.binary import V2Tensor, decode_tensor, dtype_to_datatype, encode_response, split_body
 from usg.serve.errors import ModelNotFound, error_response
@@ -54,10 +55,7 @@ def _output_spec(graph: Graph, source: str, port: str) -> TensorSpec | None:
     io = describe_model(graph.models[node.model])
     if io is None:
         return None
-    outs = io[1]
-    if port == "out" and len(outs) == 1:
-        return next(iter(outs.values()))
-    return outs.get(port)
+    return io[1].get(model_output(port, io[1]))
 
 
 def graph_metadata(graph: Graph) -> dict[str, Any]:

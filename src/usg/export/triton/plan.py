@@ -16,6 +16,7 @@ from usg.backends.python_fn import import_callable
 from usg.errors import UsageError
 from usg.export.triton.tensors import ModelWires, Wire, onnx_wires, spec_wire, spec_wires
 from usg.graph import Graph, ModelDef, Ref, describe_model
+from usg.graph.model import model_output
 from usg.ops.signature import signature_of
 from usg.specs import Modality, TensorSpec
 
@@ -52,7 +53,7 @@ def model_wires(model: ModelDef) -> ModelWires | None:
 
 def real_port(io: ModelWires, port: str) -> str:
     """The model output a node port names (``out`` is the alias of a single-output model)."""
-    return next(iter(io[1])) if port == "out" and len(io[1]) == 1 else port
+    return model_output(port, io[1])
 
 
 def _input_wire(graph: Graph, name: str) -> Wire | None:

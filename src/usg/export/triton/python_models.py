@@ -3,7 +3,7 @@
 Settings are read from the model's config.pbtxt ``parameters``:
 
 - :class:`UsgModel` — a USG model backend (``tokenizer``, or ``onnxruntime`` with
-  ``--onnx-via python``) built by :func:`usg.backends.create_backend`:
+  ``--onnx-via python``) built by :func:`usg.runtime.runner.backend_for`:
   ``usg_backend``, ``usg_file`` (in the version folder), ``usg_options`` (JSON);
 - :class:`FnNodeModel` — a Python node of an ensemble, imported with
   :func:`usg.backends.python_fn.import_callable`: ``usg_fn``, ``usg_options`` (JSON),
@@ -119,12 +119,12 @@ class UsgModel(TritonModelBase):
 
     def initialize(self, args: Mapping[str, str]) -> None:
         super().initialize(args)
-        from usg.backends import create_backend
         from usg.graph import ModelDef
+        from usg.runtime.runner import backend_for
 
         path = self.version_dir / self.params["usg_file"] if self.params.get("usg_file") else None
         model = ModelDef(self.name, self.params["usg_backend"], path, self.json_param("usg_options", {}))
-        self.backend = create_backend(model)
+        self.backend = backend_for(model)
         self.backend.load()
 
     def run(self, inputs: dict[str, np.ndarray]) -> Mapping[str, Any]:

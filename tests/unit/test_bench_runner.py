@@ -1,0 +1,63 @@
+"""``run_bench``'s steps on a tiny Python-node graph: start and check systems, rounds, merging, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from usg.bench.runner import BenchConfig, run_bench
+from usg.bench.samples import Sample
+from usg.errors import UsageError
+from usg.graph import load_graph
+
+GRAPH = """
+name: shout
+inputs: {text: {modality: text}}
+nodes: {up: {fn: "testops:upper", inputs: {text: inputs.text}}}
+outputs: {shout: up.text}
+"""
+
+
+@pytest.fixture()
+def graph(tmp_path: Path):
+    p = tmp_path / "shout.yaml"
+    p.write_text(GRAPH)
+    return load_graph(p)
+
+
+def test_rounds_merge_per_system_and_level_and_bounds_follow_each_usg_run(graph):
+    cfg = BenchConfig(
+        "shout.yaml",
+        concurrency=(1, 2),
+        duration_s=0.3,
+        warmup_s=0.0,
+        compare=("sequential",),
+        rounds=2,
+        samples=[Sample("a", text="hello"), Sample("b", text="world")],
+    )
+    seen: list[tuple[str, str]] = []
+    bounds: list[dict[str, float]] = []
+
+    def progress(system: str, level: str, _total: float):
+        seen.append((system, level))
+        return None
+
+    def bound(per_request):
+        bounds.append(dict(per_request))
+        return {"bound_rps": 1000.0}
+
+    report = asyncio.run(run_bench(cfg, graph, progress=progress, bound=bound))
+    # round 1 in the given order, round 2 reversed, per level
+    assert [s for s, _ in seen] == ["usg", "sequential"] * 2 + ["sequential", "usg"] * 2
+    assert [r.system for r in report.results] == ["usg", "usg", "sequential", "sequential"]
+    assert all(r.errors == 0 for r in report.results) and sum(len(r.latencies_ms) for r in report.results) > 0
+    assert report.equivalence["sequential"].ok
+    assert len(bounds) == 4 and set(report.bound["achieved"]) == {"1", "2"}
+    assert any("2 rounds per system and level" in n for n in report.notes)
+
+
+def test_compare_without_a_graph_is_refused():
+    with pytest.raises(UsageError, match="--compare needs the graph"):
+        asyncio.run(run_bench(BenchConfig("http://127.0.0.1:1", compare=("sequential",)), None))

@@ -1,0 +1,138 @@
+"""``usg init MODEL.onnx``: the written graph runs at once on its sample inputs (tiny onnx.helper models)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from usg.cli import EXIT_USAGE, main
+
+
+def _save(path: Path, nodes, inputs, outputs, inits=()) -> Path:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def _init_and_run(tmp_path: Path, model: Path, name: str, capsys, *extra: str) -> tuple[dict, Path]:
+    code, out, err = run_cli(["init", str(model), "--name", name, "--dir", str(tmp_path / "g"), *extra], capsys)
+    assert code == 0, err
+    graph = tmp_path / "g" / f"{name}.yaml"
+    assert graph.is_file() and "run it:" in out
+    header = graph.read_text().splitlines()[1]
+    assert header.startswith("# Run it:   usg run ")
+    command = shlex.split(header.removeprefix("# Run it:   usg "))
+    assert command[:2] == ["run", str(graph)]
+    code, out, err = run_cli([*command, "--json"], capsys)
+    assert code == 0, err
+    return json.loads(out), graph
+
+
+def test_tensor_model_runs_on_its_sample(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(tmp_path / "relu.onnx", [helper.make_node("Relu", ["x"], ["y"])], [x], [y])
+    result, graph = _init_and_run(tmp_path, model, "relu_t", capsys)
+    sample = np.load(tmp_path / "g" / "relu_t_samples" / "x.npy")
+    assert sample.shape == (1, 3)
+    np.testing.assert_allclose(np.array(result["outputs"]["y"]), np.maximum(sample, 0), rtol=1e-6)
+    assert not (tmp_path / "g" / "relu_t_ops.py").exists()  # no pre-processing needed for a tensor
+    import yaml
+
+    doc = yaml.safe_load(graph.read_text())
+    assert doc["inputs"]["x"] == {"modality": "tensor", "dtype": "float32", "shape": ["batch", 3]}
+    assert doc["models"]["model"]["batch"] == {"max_size": 8, "max_delay_ms": 2}
+
+
+@pytest.mark.parametrize(
+    ("layout", "dims", "axes"),
+    [("nchw", ["n", 3, "h", "w"], [2, 3]), ("nhwc", ["n", 64, 48, 3], [1, 2])],
+)
+def test_image_model_gets_a_preprocessing_stub(tmp_path, capsys, layout, dims, axes):
+    x = helper.make_tensor_value_info("pixels", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["n", 3])
+    node = helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=axes, keepdims=0)
+    model = _save(tmp_path / "mean.onnx", [node], [x], [y])
+    result, graph = _init_and_run(tmp_path, model, f"mean_{layout}", capsys)
+    text = graph.read_text()
+    assert "modality: image" in text and f"mean_{layout}_ops:pre_pixels" in text
+    mean = np.array(result["outputs"]["mean"])
+    assert mean.shape == (1, 3) and np.all((mean >= 0) & (mean <= 1))  # scaled to [0, 1] by the stub
+
+
+def test_text_model_gets_a_stub_tokenizer_within_the_vocabulary(tmp_path, capsys):
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 4])
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "axis"], ["m3"]),
+        helper.make_node("Mul", ["emb", "m3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["pooled"], keepdims=0),
+    ]
+    inits = [
+        table,
+        numpy_helper.from_array(np.array([2], np.int64), "axis"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+    ]
+    model = _save(tmp_path / "bag.onnx", nodes, [ids, mask], [out], inits)
+    result, graph = _init_and_run(tmp_path, model, "bag_txt", capsys)
+    assert "modality: text" in graph.read_text()
+    assert "below the vocabulary size 10" in (tmp_path / "g" / "bag_txt_ops.py").read_text()
+    assert np.array(result["outputs"]["pooled"]).shape == (1, 4)
+
+
+def test_refuses_to_overwrite_without_force(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = _save(tmp_path / "id.onnx", [helper.make_node("Identity", ["x"], ["y"])], [x], [y])
+    args = ["init", str(model), "--name", "ident_f", "--dir", str(tmp_path / "g")]
+    assert run_cli(args, capsys)[0] == 0
+    code, _, err = run_cli(args, capsys)
+    assert code == EXIT_USAGE and "already exist" in err and "--force" in err
+    assert run_cli([*args, "--force"], capsys)[0] == 0
+
+
+def test_a_module_next_to_the_graph_is_importable_from_any_directory(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "graph_local_ops.py").write_text(
+        "def shout(text):\n    return {'text': text.upper() + '!'}\n", encoding="utf-8"
+    )
+    (folder / "g.yaml").write_text(
+        "name: local\ninputs: {text: {modality: text}}\n"
+        "nodes: {s: {fn: 'graph_local_ops:shout', inputs: {text: inputs.text}}}\noutputs: {out: s.text}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["run", str(folder / "g.yaml"), "-i", "text=hi", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["outputs"] == {"out": "HI!"}
+
+
+def test_a_missing_module_says_where_it_was_looked_for(tmp_path, capsys):
+    (tmp_path / "g.yaml").write_text(
+        "name: nomod\ninputs: {text: {modality: text}}\n"
+        "nodes: {s: {fn: 'no_such_local_ops:shout', inputs: {text: inputs.text}}}\noutputs: {out: s.text}\n"
+    )
+    code, _, err = run_cli(["run", str(tmp_path / "g.yaml"), "-i", "text=hi"], capsys)
+    assert code == 1
+    assert "put no_such_local_ops.py next to the graph file" in err and "PYTHONPATH" in err
