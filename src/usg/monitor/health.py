@@ -9,7 +9,8 @@ weights are renormalised:
 - ``modality_missing``: how much less often each modality arrives than in the reference profile
   (mean over modalities of max(0, reference presence − live presence)); score = 1 − that.
 - ``cache_hit_ratio``: hits / lookups of a node cache (not applicable: USG has no cache yet).
-- ``error_rate`` / ``rejection_rate``: failed (error, timeout) / rejected (429, 413, 400, 503) share;
+- ``error_rate`` / ``rejection_rate``: failed (error, timeout) / refused (429, 413, 400, 503; not
+  timeouts, which count as failures) share;
   score = max(0, 1 − 10 × rate) (10 % fails the component).
 - ``queue_saturation``: mean of samples of max(in-flight / limit, model queue depth / max_queue);
   score = 1 − that.

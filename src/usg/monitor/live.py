@@ -252,7 +252,13 @@ class LiveMonitor(ServeAddon):
         ctx = self._ctx
         if ctx is None:
             return 0.0
-        return sum(s.value for fam in ctx.metrics.rejected.collect() for s in fam.samples if s.name.endswith("_total"))
+        # a timeout is a failed request (error_rate already counts it), not a refusal
+        return sum(
+            s.value
+            for fam in ctx.metrics.rejected.collect()
+            for s in fam.samples
+            if s.name.endswith("_total") and s.labels.get("reason") != "timeout"
+        )
 
     def _sample_rejections(self, now: float) -> None:
         self._rejections.append((now, self._rejected_total()))
