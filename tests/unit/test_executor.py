@@ -311,7 +311,7 @@ def test_tokenizer_calls_run_concurrently(tmp_path):
             barrier.wait()
             return super().infer(inputs)
 
-    g = text_graph()
+    g = text_graph(limit=100_000)
     long_text = "x " * 15_000  # 30,000 characters: tokenized in a worker thread, not on the loop
     with Executor(g, backends={"tok": Meeting(path, name="tok")}) as ex, ThreadPoolExecutor(2) as callers:
         a, b = callers.map(lambda _: ex.infer_sync({"text": long_text}), range(2))

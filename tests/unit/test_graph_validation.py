@@ -227,6 +227,6 @@ def test_bad_graph_fields_are_graph_errors_naming_field_value_and_fix(tmp_path, 
 
 def test_limits_are_parsed_with_defaults_and_round_trip(tmp_path):
     g = load_graph(graph_file(tmp_path, extra="limits: {max_fanout_items: 64}"))
-    assert (g.limits.max_fanout_items, g.limits.max_text_chars) == (64, 100_000)
+    assert (g.limits.max_fanout_items, g.limits.max_text_chars) == (64, 20_000)
     assert g.limits.declared() == {"max_fanout_items": 64}
     assert load_graph(graph_file(tmp_path)).limits.declared() == {}

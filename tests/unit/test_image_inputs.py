@@ -44,7 +44,7 @@ def test_zero_byte_and_corrupt_bytes(tmp_path):
 
 
 def test_empty_array_and_wrong_dtype():
-    with pytest.raises(InputError, match="image array is 0x0"):
+    with pytest.raises(InputError, match="image is 0x0"):
         decode_image(np.zeros((0, 0, 3), np.uint8))
     with pytest.raises(InputError, match=r"dtype float32, expected uint8; fix: convert with"):
         decode_image(np.zeros((4, 4, 3), np.float32))

@@ -21,6 +21,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install 'usg[serve]'")
+
 from PIL import Image
 from starlette.testclient import TestClient
 
@@ -252,6 +256,7 @@ def test_v2_json_tensors(client: TestClient) -> None:
 
 
 def test_v2_binary_request_and_binary_response(client: TestClient) -> None:
+    pytest.importorskip("tritonclient.http", reason="needs the triton extra: pip install 'usg[triton]'")
     from tritonclient.http import InferResult
 
     image = png(5, 4)
@@ -489,3 +494,18 @@ def test_serve_command_help_lists_the_options() -> None:
     assert result.exit_code == 0
     for opt in ("--host", "--port", "--max-inflight", "--max-body-mb", "--timeout", "--otel"):
         assert opt in result.output
+    for opt in ("--header-timeout", "--body-timeout", "--keepalive-timeout", "--api-key-env"):
+        assert opt in result.output
+
+
+def test_serve_refuses_embedded_only_options_with_the_ray_engine(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from usg.cli import cli
+
+    graph = tmp_path / "g.yaml"
+    graph.write_text("name: g\n")
+    for args in (["--api-key-env", "K"], ["--body-timeout", "3"]):
+        result = CliRunner().invoke(cli, ["serve", str(graph), "--engine", "ray", *args])
+        assert result.exit_code != 0
+        assert "applies to the embedded engine only" in str(result.exception)

@@ -11,6 +11,9 @@ import json
 
 import numpy as np
 
+pytest.importorskip("starlette", reason="needs the serve extra: pip install 'usg[serve]'")
+
+
 from usg.errors import InputError
 from usg.serve.binary import (
     decode_bytes_elements,
@@ -24,6 +27,7 @@ from usg.serve.v2 import to_v2_output
 
 
 def test_bytes_elements_round_trip_and_match_tritonclient() -> None:
+    pytest.importorskip("tritonclient.utils", reason="needs the triton extra: pip install 'usg[triton]'")
     from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
     items = [b"", b"hello", "ünï".encode(), bytes(range(256))]
@@ -39,7 +43,7 @@ def test_truncated_bytes_elements_say_where() -> None:
 
 
 def test_tritonclient_request_body_decodes() -> None:
-    import tritonclient.http as th
+    th = pytest.importorskip("tritonclient.http", reason="needs the triton extra: pip install 'usg[triton]'")
     from tritonclient.http._utils import _get_inference_request
 
     text = th.InferInput("text", [1], "BYTES")
@@ -63,6 +67,7 @@ def test_tritonclient_request_body_decodes() -> None:
 
 
 def test_binary_response_decodes_with_tritonclient() -> None:
+    pytest.importorskip("tritonclient.http", reason="needs the triton extra: pip install 'usg[triton]'")
     from tritonclient.http import InferResult
 
     emb = np.random.default_rng(0).standard_normal((1, 384)).astype(np.float32)

@@ -12,6 +12,11 @@ pytest.importorskip("opentelemetry.sdk", reason="needs the serve extra: pip inst
 import sys
 from pathlib import Path
 
+import pytest
+
+pytest.importorskip("starlette", reason="needs the serve extra: pip install 'usg[serve]'")
+pytest.importorskip("opentelemetry.sdk", reason="needs the serve extra: pip install 'usg[serve]'")
+
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -98,21 +103,30 @@ def test_spans_per_request_node_queue_and_compute() -> None:
     assert "node shape" not in by_name  # pruned nodes get no span
 
 
-def test_console_provider_and_missing_otlp() -> None:
-    provider = make_tracer_provider("console")
+def test_console_provider() -> None:
+    provider = make_tracer_provider("console", service_name="usg:t")
     assert isinstance(TracingObserver(provider).provider, TracerProvider)
+    assert provider.resource.attributes["service.name"] == "usg:t"
     provider.shutdown()
-    try:
-        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
-    except ImportError:
-        from usg.errors import MissingDependency
 
-        try:
-            make_tracer_provider("otlp")
-        except MissingDependency as exc:
-            assert "pip install" in str(exc)
-        else:  # pragma: no cover
-            raise AssertionError("expected MissingDependency")
+
+def test_otlp_provider_uses_the_otlp_http_exporter() -> None:
+    trace_exporter = pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    provider = make_tracer_provider("otlp", service_name="usg:t")
+    try:
+        processors = provider._active_span_processor._span_processors  # the SDK keeps no public accessor
+        assert [type(p.span_exporter) for p in processors] == [trace_exporter.OTLPSpanExporter]  # type: ignore[attr-defined]
+    finally:
+        provider.shutdown()
+
+
+def test_missing_otlp_exporter_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes the import fail as if the package were not installed
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    from usg.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match=r"pip install 'usg\[serve\]'"):
+        make_tracer_provider("otlp")
 
 
 def test_serve_all_is_sorted_and_importable() -> None:

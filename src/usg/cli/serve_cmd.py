@@ -1,11 +1,12 @@
-"""``usg serve GRAPH``: the HTTP server (Starlette app on uvicorn).
+"""``usg serve GRAPH``: the HTTP server (Starlette app on uvicorn, see :mod:`usg.serve.server`).
 
-On SIGTERM/SIGINT the server stops accepting connections, turns not-ready, finishes the
-requests it accepted, closes the executor (finishing queued items) and exits 0.
+On SIGTERM/SIGINT the server turns not-ready and answers new requests 503 while it finishes
+the requests it accepted, then closes the executor (finishing queued items) and exits 0.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from types import FrameType
 
@@ -26,6 +27,12 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option(
+    "--grpc-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Also serve Triton's gRPC inference protocol (tritonclient.grpc) on this port; embedded engine only.",
+)
+@click.option(
     "--max-inflight",
     default=64,
     show_default=True,
@@ -34,10 +41,9 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option(
     "--max-body-mb",
-    default=32.0,
-    show_default=True,
+    default=None,
     type=click.FloatRange(min=0, min_open=True),
-    help="Largest request body in MiB; larger bodies get 413.",
+    help="Largest request body in MiB; larger bodies get 413. [default: the graph's limits.max_body_bytes, else 32]",
 )
 @click.option(
     "--timeout",
@@ -45,6 +51,37 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
     help="Per-request deadline in seconds (504 after it).",
+)
+@click.option(
+    "--header-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Close a connection whose request headers are not complete by then (slow clients).",
+)
+@click.option(
+    "--body-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Answer 408 and close when a request body has not fully arrived by then.",
+)
+@click.option(
+    "--keepalive-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    help="Close an idle keep-alive connection after this long.",
+)
+@click.option(
+    "--api-key-env",
+    default=None,
+    metavar="NAME",
+    help="Require 'Authorization: Bearer <key>' on inference, metadata and /metrics, the key read from "
+    "environment variable NAME (health stays open).",
 )
 @click.option(
     "--otel",
@@ -97,9 +134,14 @@ def serve(
     graph_path: str,
     host: str,
     port: int,
+    grpc_port: int | None,
     max_inflight: int,
-    max_body_mb: float,
+    max_body_mb: float | None,
     timeout: float,
+    header_timeout: float,
+    body_timeout: float,
+    keepalive_timeout: float,
+    api_key_env: str | None,
     otel: str | None,
     no_batching: bool,
     engine: str,
@@ -110,6 +152,10 @@ def serve(
     trace_file: str | None = None,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
+    if grpc_port is not None and engine == "ray":
+        raise UsageError("--grpc-port needs the embedded engine (--engine ray serves HTTP only); fix: drop --grpc-port")
+    if grpc_port is not None and grpc_port == port:
+        raise UsageError(f"--grpc-port {grpc_port} is also the HTTP --port; fix: pick another --grpc-port")
     if engine == "ray" and (reference or trace_file):
         raise UsageError("--reference and --trace-file work with the embedded engine; fix: drop --engine ray")
     if engine == "ray":
@@ -118,54 +164,78 @@ def serve(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
                 "fix: drop it with --engine ray"
             )
+        ctx = click.get_current_context()
+        for flag in ("api_key_env", "header_timeout", "body_timeout", "keepalive_timeout"):
+            if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
+                option = "--" + flag.replace("_", "-")
+                raise UsageError(
+                    f"{option} applies to the embedded engine only (with --engine ray, Ray Serve's proxy is "
+                    f"the HTTP server); fix: drop {option} with --engine ray"
+                )
         from usg.cli.serve_ray import serve_on_ray
 
-        serve_on_ray(graph_path, host, port, max_inflight, max_body_mb, timeout, ray_address, otel, deploy_timeout)
+        serve_on_ray(
+            graph_path, host, port, max_inflight, max_body_mb or 32.0, timeout, ray_address, otel, deploy_timeout
+        )
         return
     if ray_address:
         raise UsageError("--ray-address needs --engine ray; fix: add --engine ray or drop --ray-address")
     source = click.get_current_context().get_parameter_source("deploy_timeout")
     if source is not None and source is not click.core.ParameterSource.DEFAULT:
         raise UsageError("--deploy-timeout needs --engine ray; fix: add --engine ray or drop --deploy-timeout")
+    api_key = _api_key(api_key_env)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
     from usg.monitor.addon import serve_addons
-    from usg.serve import create_app, make_tracer_provider
+    from usg.serve import ServeConfig, create_app, make_tracer_provider
+    from usg.serve.server import UsgServer, check_port, uvicorn_config
 
+    check_port(host, port)  # before loading models: a busy port fails at once
+    if grpc_port is not None:
+        from usg.serve.grpc_server import attach_grpc, check_port_free
+
+        check_port_free(host, grpc_port)
     graph = load_graph_for_cli(graph_path)
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
-    app = create_app(
-        graph,
-        batching=not no_batching,
+    config = ServeConfig(
         max_inflight=max_inflight,
-        max_body_mb=max_body_mb,
+        max_body_bytes=int(max_body_mb * 2**20) if max_body_mb is not None else None,
         timeout_s=timeout,
-        tracer_provider=provider,
-        addons=serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching),
+        body_timeout_s=body_timeout,
+        header_timeout_s=header_timeout,
+        keepalive_timeout_s=keepalive_timeout,
+        api_key=api_key,
+    )
+    addons = serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching)
+    app = create_app(
+        graph, batching=not no_batching, timeout_s=timeout, tracer_provider=provider, config=config, addons=addons
     )
     ctx = app.state.usg
-
-    class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            ctx.begin_draining()  # readiness false, new requests 503, before uvicorn closes the sockets
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=int(timeout) + 10,
-    )
+    if grpc_port is not None:
+        attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)
+    body_mib = ctx.limits.max_body_bytes / 2**20
     err_console.print(
-        f"[dim]serving graph {graph.name!r} on http://{host}:{port} "
-        f"(max in-flight {max_inflight}, body ≤ {max_body_mb:g} MiB)[/]"
+        f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
+        + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else "")
+        + " "
+        f"(max in-flight {max_inflight}, body ≤ {body_mib:g} MiB, API key {'required' if api_key else 'off'})[/]"
     )
     # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the
     # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
     signal.signal(signal.SIGTERM, _ignore_signal)
     signal.signal(signal.SIGINT, _ignore_signal)
-    _Server(config).run()
+    UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run()
+
+
+def _api_key(name: str | None) -> str | None:
+    if name is None:
+        return None
+    key = os.environ.get(name, "").strip()
+    if not key:
+        raise UsageError(
+            f"--api-key-env {name}: the environment variable {name} is not set or empty; "
+            f"fix: export {name}=<a long random key> before starting usg serve"
+        )
+    return key

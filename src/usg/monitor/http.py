@@ -29,9 +29,11 @@ def jsonable(value: Any) -> Any:
 
 def monitor_routes(monitor: LiveMonitor) -> list[Route]:
     async def snapshot(request: Request) -> Response:
+        monitor.authorize(request)
         return JSONResponse(jsonable(monitor.snapshot()))
 
     async def window(request: Request) -> Response:
+        monitor.authorize(request)
         return JSONResponse(jsonable(monitor.window_profile()))
 
     return [

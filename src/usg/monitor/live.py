@@ -111,6 +111,11 @@ class LiveMonitor(ServeAddon):
         ctx.metrics.registry.register(MonitorCollector(self))
         self.start()
 
+    def authorize(self, request: Any) -> None:
+        """The server's API-key check (``usg serve --api-key-env``), as for /metrics."""
+        if self._ctx is not None and hasattr(self._ctx, "authorize"):
+            self._ctx.authorize(request)
+
     def routes(self) -> list[BaseRoute]:
         from usg.monitor.http import monitor_routes
 

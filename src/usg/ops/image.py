@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +13,70 @@ from usg.errors import InputError, PayloadTooLarge
 from usg.ops.signature import op
 from usg.specs import TensorSpec
 
-__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "decode_image", "to_nchw_float"]
+__all__ = [
+    "DEFAULT_IMAGE_FORMATS",
+    "DEFAULT_MAX_ASPECT_RATIO",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "ImageLimits",
+    "decode_image",
+    "to_nchw_float",
+]
 
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+DEFAULT_MAX_ASPECT_RATIO = 50.0
+# Pillow format names decoded by default; EPS is never decoded (Pillow hands it to Ghostscript)
+DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
+_NEVER = frozenset({"EPS"})
 
 
-def decode_image(value: Any, *, field: str = "image", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
+@dataclass(frozen=True)
+class ImageLimits:
+    """What an image input accepts: pixels (from the header), long/short side ratio, formats."""
+
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO
+    formats: tuple[str, ...] = DEFAULT_IMAGE_FORMATS
+
+    def allowed(self) -> list[str]:
+        return [f for f in self.formats if f not in _NEVER]
+
+    def check_size(self, field: str, w: int, h: int) -> None:
+        """413 above the pixel or aspect-ratio limit; 400 for an empty image. Costs nothing."""
+        if w <= 0 or h <= 0:
+            raise InputError(f"{field}: image is {w}x{h}", field=field, fix="send a non-empty image")
+        if w * h > self.max_pixels:
+            raise PayloadTooLarge(
+                f"{field}: image is {w}x{h} = {w * h} pixels, above the limit of {self.max_pixels}",
+                field=field,
+                fix="downscale the image, or raise limits.max_image_pixels in the graph",
+            )
+        ratio = max(w, h) / min(w, h)
+        if ratio > self.max_aspect_ratio:
+            raise PayloadTooLarge(
+                f"{field}: image is {w}x{h}, an aspect ratio of {ratio:.0f}:1, above the limit of "
+                f"{self.max_aspect_ratio:g}:1",
+                field=field,
+                fix="crop or pad the image to less extreme proportions, or raise limits.max_aspect_ratio in the graph",
+            )
+
+
+def decode_image(
+    value: Any,
+    *,
+    field: str = "image",
+    max_pixels: int | None = None,
+    limits: ImageLimits | None = None,
+) -> np.ndarray:
     """Decode a path, bytes or an array into an RGB uint8 HWC array.
 
-    The pixel limit is checked from the header, before the pixels are decoded, so a
-    decompression bomb costs nothing. Errors name the field and say how to fix it.
+    Size limits are checked from the header, before the pixels are decoded, so a
+    decompression bomb costs nothing; only the allowed formats' decoders are tried.
+    Errors name the field and say how to fix it.
     """
+    if limits is None:
+        limits = ImageLimits(max_pixels=max_pixels or DEFAULT_MAX_IMAGE_PIXELS)
     if isinstance(value, np.ndarray):
-        return _check_array(value, field, max_pixels)
+        return _check_array(value, field, limits)
     if isinstance(value, (str, Path)):
         path = Path(value)
         if not path.exists():
@@ -48,45 +100,51 @@ def decode_image(value: Any, *, field: str = "image", max_pixels: int = DEFAULT_
         )
     if not data:
         raise InputError(f"{field}: {label} is empty (0 bytes)", field=field, fix="send the image's bytes")
+    return _decode_bytes(data, field, label, limits)
+
+
+def _decode_bytes(data: bytes, field: str, label: str, limits: ImageLimits) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
+    allowed = limits.allowed()
+    corrupt = InputError(
+        f"{field}: {label} is a truncated or corrupt image",
+        field=field,
+        fix="re-encode or re-upload the image",
+    )
     try:
-        img = Image.open(io.BytesIO(data))
+        img = Image.open(io.BytesIO(data), formats=allowed)
     except UnidentifiedImageError:
         head = data[:8].hex()
         raise InputError(
-            f"{field}: {label} is not a decodable image (first bytes {head})",
+            f"{field}: {label} is not a decodable image (first bytes {head}) of an allowed format "
+            f"({', '.join(allowed)})",
             field=field,
-            fix="send a PNG, JPEG, BMP, TIFF or WebP file",
+            fix=f"send a {', '.join(allowed)} file (limits.image_formats in the graph lists the formats accepted)",
         ) from None
     except Image.DecompressionBombError:
         raise PayloadTooLarge(
             f"{field}: {label} declares an image far above the pixel limit",
             field=field,
-            fix=f"send an image of at most {max_pixels} pixels",
+            fix=f"send an image of at most {limits.max_pixels} pixels",
         ) from None
-    w, h = img.size
-    if w * h > max_pixels:
-        raise PayloadTooLarge(
-            f"{field}: image is {w}x{h} = {w * h} pixels, above the limit of {max_pixels}",
-            field=field,
-            fix="downscale the image, or raise limits.max_image_pixels in the graph",
-        )
-    if w == 0 or h == 0:
-        raise InputError(f"{field}: image is {w}x{h}", field=field, fix="send a non-empty image")
-    try:
-        rgb = img.convert("RGB")
-        arr = np.asarray(rgb, dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise InputError(
-            f"{field}: {label} is truncated or corrupt ({exc})",
-            field=field,
-            fix="re-encode or re-upload the image",
-        ) from None
+    except Exception:  # any decoder failure on untrusted bytes is the input's fault, not a server error
+        raise corrupt from None
+    with img:
+        w, h = img.size
+        limits.check_size(field, w, h)
+        try:
+            arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except Exception as exc:  # truncated data surfaces as OSError, EOFError, struct.error, ValueError ...
+            raise InputError(
+                f"{field}: {label} is a truncated or corrupt {img.format} image ({exc})",
+                field=field,
+                fix="re-encode or re-upload the image",
+            ) from None
     return arr
 
 
-def _check_array(arr: np.ndarray, field: str, max_pixels: int) -> np.ndarray:
+def _check_array(arr: np.ndarray, field: str, limits: ImageLimits) -> np.ndarray:
     if arr.ndim == 2:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     if arr.ndim != 3 or arr.shape[2] not in (1, 3, 4):
@@ -98,14 +156,7 @@ def _check_array(arr: np.ndarray, field: str, max_pixels: int) -> np.ndarray:
             fix="convert with (x * 255).clip(0, 255).astype(np.uint8) if it is a float image in [0,1]",
         )
     h, w = arr.shape[:2]
-    if h == 0 or w == 0:
-        raise InputError(f"{field}: image array is {w}x{h}", field=field, fix="pass a non-empty image")
-    if h * w > max_pixels:
-        raise PayloadTooLarge(
-            f"{field}: image is {w}x{h} = {w * h} pixels, above the limit of {max_pixels}",
-            field=field,
-            fix="downscale the image, or raise limits.max_image_pixels",
-        )
+    limits.check_size(field, w, h)
     if arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
     elif arr.shape[2] == 4:

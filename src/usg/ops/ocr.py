@@ -16,7 +16,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from usg.errors import MissingDependency
+from usg.errors import MissingDependency, PayloadTooLarge
 from usg.ops.signature import ListOf, op
 from usg.specs import TensorSpec
 
@@ -24,6 +24,7 @@ __all__ = [
     "cls_preprocess",
     "crop_lines",
     "ctc_decode",
+    "det_plan",
     "det_postprocess",
     "det_preprocess",
     "join_text",
@@ -36,6 +37,7 @@ _MIN_HEIGHT = 30
 _WH_RATIO = 8
 _REC_SHAPE = (3, 48, 320)
 _CLS_SHAPE = (3, 48, 192)
+DEFAULT_MAX_PREPROCESSED_PIXELS = 8_000_000  # the det input: 96 MB of float32
 
 
 def _rapidocr() -> Any:
@@ -62,12 +64,65 @@ def _det_helpers(limit_side_len: int, thresh: float, box_thresh: float, unclip_r
     return pre, post
 
 
+def _scaled(h: int, w: int, ratio: float) -> tuple[int, int]:
+    """RapidOCR's resize arithmetic: scale, truncate, round to a multiple of 32."""
+    return int(round(int(h * ratio) / 32) * 32), int(round(int(w * ratio) / 32) * 32)
+
+
+def det_plan(h: int, w: int, limit_side_len: int = 736) -> tuple[int, int] | None:
+    """The (H, W) of the det input ``det_preprocess`` makes from an ``h`` x ``w`` image, computed
+    without touching pixels; None when a resize step would reach a zero side (RapidOCR fails there)."""
+    if max(h, w) > _MAX_SIDE:
+        h, w = _scaled(h, w, _MAX_SIDE / (h if h > w else w))
+        if h <= 0 or w <= 0:
+            return None
+    if min(h, w) < _MIN_SIDE:
+        h, w = _scaled(h, w, _MIN_SIDE / (h if h < w else w))
+        if h <= 0 or w <= 0:
+            return None
+    if h <= _MIN_HEIGHT or w / h > _WH_RATIO:
+        h += 2 * int(abs(max(int(w / _WH_RATIO), _MIN_HEIGHT) * 2 - h) / 2)
+    ratio = limit_side_len / (h if h < w else w) if min(h, w) < limit_side_len else 1.0
+    h, w = _scaled(h, w, ratio)
+    return (h, w) if h > 0 and w > 0 else None
+
+
+def _check_det_plan(image: np.ndarray, limit_side_len: int, max_pixels: int) -> None:
+    raw_h, raw_w = image.shape[:2]
+    plan = det_plan(raw_h, raw_w, limit_side_len)
+    ratio = max(raw_h, raw_w) / max(1, min(raw_h, raw_w))
+    if plan is None:
+        raise PayloadTooLarge(
+            f"image: a {raw_w}x{raw_h} image (aspect ratio {ratio:.0f}:1) cannot be scaled for text detection "
+            f"(a side would shrink to 0 px)",
+            field="image",
+            fix="crop or pad the image to less extreme proportions (see limits.max_aspect_ratio in the graph)",
+        )
+    h, w = plan
+    if h * w > max_pixels:
+        raise PayloadTooLarge(
+            f"image: detection pre-processing would scale the {raw_w}x{raw_h} image (aspect ratio {ratio:.0f}:1) "
+            f"to {w}x{h} = {h * w} pixels, above the limit of {max_pixels}",
+            field="image",
+            fix="crop or pad the image to less extreme proportions, or raise options.max_pixels of the "
+            "usg.ops.ocr:det_preprocess node in the graph (e.g. nodes.det_pre.options.max_pixels)",
+        )
+
+
 @op(
     inputs={"image": TensorSpec("uint8", ("H", "W", 3), layout="HWC")},
     outputs={"x": TensorSpec("float32", (1, 3, None, None), layout="NCHW"), "meta": None},
 )
-def det_preprocess(image: np.ndarray, *, limit_side_len: int = 736) -> dict[str, Any]:
-    """RGB HWC uint8 → the det model's input, plus what post-processing needs to map boxes back."""
+def det_preprocess(
+    image: np.ndarray, *, limit_side_len: int = 736, max_pixels: int = DEFAULT_MAX_PREPROCESSED_PIXELS
+) -> dict[str, Any]:
+    """RGB HWC uint8 → the det model's input, plus what post-processing needs to map boxes back.
+
+    The output size is computed first (:func:`det_plan`): an image whose det input would
+    exceed ``max_pixels`` (thin strips are scaled up a lot) is refused with 413 before any
+    pixel is allocated.
+    """
+    _check_det_plan(image, limit_side_len, max_pixels)
     utils = _rapidocr()
     img = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
     raw_h, raw_w = img.shape[:2]

@@ -17,7 +17,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise MissingDependency(_exc.name or "starlette", "serve", "usg.serve (the HTTP server)") from None
 
-from usg.serve.app import ServeConfig, ServeContext, ServeState, create_app
+from usg.serve.app import create_app
+from usg.serve.context import ServeConfig, ServeContext, ServeState
 from usg.serve.metrics import ServeMetrics
 from usg.serve.tracing import TracingObserver, make_tracer_provider
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from usg.errors import InputError
+from usg.serve.decode import load_json
 
 __all__ = [
     "DATATYPES",
@@ -30,6 +31,7 @@ __all__ = [
     "encode_bytes_elements",
     "encode_response",
     "split_body",
+    "tensor_bytes",
 ]
 
 # v2 datatype -> numpy dtype (little-endian); BYTES is handled separately
@@ -63,6 +65,13 @@ def encode_bytes_elements(items: Sequence[bytes]) -> bytes:
     return b"".join(_LEN.pack(len(b)) + b for b in items)
 
 
+def tensor_bytes(datatype: str, value: Any) -> bytes:
+    """The raw data of an output tensor: BYTES elements serialized, numeric arrays little-endian row-major."""
+    if datatype == "BYTES":
+        return encode_bytes_elements(value)
+    return np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
+
+
 def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
     """Split a serialized BYTES tensor into its elements; errors name the tensor and the offset."""
     view = memoryview(buf)
@@ -88,7 +97,7 @@ def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
     return out
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+def split_body(body: bytes, header_length: str | None, *, max_depth: int = 32) -> tuple[dict[str, Any], memoryview]:
     """Parse the JSON header of a v2 request; return it and the binary tail after it."""
     if header_length is None:
         json_part, tail = body, b""
@@ -104,15 +113,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
                 fix="set it to the byte length of the JSON header that starts the body",
             )
         json_part, tail = body[:n], body[n:]
-    try:
-        header = json.loads(json_part)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"the inference request header is not valid JSON ({exc})",
-            field="body",
-            fix='send a JSON object {"inputs": [...]} (with Inference-Header-Content-Length '
-            "when binary tensor data follows it)",
-        ) from None
+    header = load_json(
+        json_part,
+        max_depth=max_depth,
+        what="the inference request header",
+        fix='send a JSON object {"inputs": [...]} (with Inference-Header-Content-Length '
+        "when binary tensor data follows it)",
+    )
     if not isinstance(header, dict):
         raise InputError(
             f"the inference request is a JSON {type(header).__name__}, not an object",
@@ -122,13 +129,20 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     return header, memoryview(tail)
 
 
+_MAX_RANK = 32  # numpy allows 64 dims; no model input needs more than a few
+
+
 def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, (list, tuple)):
-        out: list[Any] = []
-        for d in data:
-            out.extend(_flatten(d))
-        return out
-    return [data]
+    """Nested lists → their leaves in row-major order (iterative: no recursion on hostile depth)."""
+    out: list[Any] = []
+    stack: list[Any] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,86 +156,123 @@ class V2Tensor:
     binary: bool = False  # sent as binary data (not JSON "data")
 
 
-def decode_tensor(spec: Mapping[str, Any], tail: memoryview, offset: int) -> tuple[V2Tensor, int]:
-    """Decode one entry of ``inputs``; return it and the new offset into the binary tail."""
+def _header(spec: Mapping[str, Any]) -> tuple[str, str, list[int], int | None]:
+    """Check one input entry's name, datatype, shape and parameters; (name, datatype, shape, binary size)."""
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise InputError("an input tensor has no name", field="inputs", fix='give every entry of inputs a "name"')
     field = f"inputs.{name}"
     datatype = spec.get("datatype")
-    if datatype != "BYTES" and datatype not in DATATYPES:
+    if not isinstance(datatype, str) or (datatype != "BYTES" and datatype not in DATATYPES):
         raise InputError(
             f"{field}: unknown datatype {datatype!r}",
             field=name,
             fix=f"use one of BYTES, {', '.join(DATATYPES)}",
         )
     shape = spec.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(
             f"{field}: shape {shape!r} is not a list of non-negative ints",
             field=name,
             fix="send the tensor's shape, e.g. [1]",
         )
-    count = math.prod(shape)
+    if len(shape) > _MAX_RANK:
+        raise InputError(
+            f"{field}: shape has {len(shape)} dimensions, more than the {_MAX_RANK} supported",
+            field=name,
+            fix="send the tensor with its real rank (a few dimensions)",
+        )
     params = spec.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if not isinstance(params, dict):
+        raise InputError(
+            f"{field}: parameters must be an object, got {type(params).__name__}",
+            field=name,
+            fix='send "parameters": {"binary_data_size": N} or leave it out',
+        )
+    size = params.get("binary_data_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise InputError(
+            f"{field}: binary_data_size {size!r} is not a byte count",
+            field=name,
+            fix="set binary_data_size to the byte size of this tensor's data",
+        )
+    return name, datatype, shape, size
+
+
+def _binary_value(name: str, datatype: str, shape: list[int], raw: memoryview) -> tuple[Any, int]:
+    field = f"inputs.{name}"
+    if datatype == "BYTES":
+        items = decode_bytes_elements(raw, field)
+        return items, len(items)
+    count = math.prod(shape)
+    itemsize = np.dtype(DATATYPES[datatype]).itemsize
+    if len(raw) != count * itemsize:
+        raise InputError(
+            f"{field}: {len(raw)} bytes of binary data for shape {shape} {datatype} (expected {count * itemsize})",
+            field=name,
+            fix="make shape and datatype match the data sent",
+        )
+    return np.frombuffer(raw, dtype=np.dtype(DATATYPES[datatype]).newbyteorder("<")).reshape(shape), count
+
+
+def _json_value(name: str, datatype: str, shape: list[int], data: Any) -> tuple[Any, int]:
+    field = f"inputs.{name}"
+    flat = _flatten(data)
+    if datatype == "BYTES":
+        if not all(isinstance(x, str) for x in flat):
+            raise InputError(
+                f"{field}: BYTES data in JSON must be strings",
+                field=name,
+                fix="send strings, or binary data for raw bytes",
+            )
+        try:
+            return [x.encode("utf-8") for x in flat], len(flat)
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"{field}: a BYTES string holds a lone surrogate at index {exc.start}, which is not a character",
+                field=name,
+                fix="send valid Unicode strings (or binary data for raw bytes)",
+            ) from None
+    try:
+        value = np.asarray(flat, dtype=DATATYPES[datatype])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputError(
+            f"{field}: data does not fit datatype {datatype} ({exc})",
+            field=name,
+            fix=f"send numbers representable as {datatype}",
+        ) from None
+    return (value.reshape(shape) if len(flat) == math.prod(shape) else value), len(flat)
+
+
+def decode_tensor(spec: Mapping[str, Any], tail: memoryview, offset: int) -> tuple[V2Tensor, int]:
+    """Decode one entry of ``inputs``; return it and the new offset into the binary tail."""
+    name, datatype, shape, size = _header(spec)
+    field = f"inputs.{name}"
     if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+        if offset + size > len(tail):
             raise InputError(
                 f"{field}: binary_data_size {size!r} at offset {offset} runs past the {len(tail)} bytes of binary data",
                 field=name,
                 fix="set binary_data_size to the byte size of this tensor's data",
             )
-        raw = tail[offset : offset + size]
+        value, got = _binary_value(name, datatype, shape, tail[offset : offset + size])
         offset += size
-        if datatype == "BYTES":
-            value: np.ndarray[Any, Any] | list[bytes] = decode_bytes_elements(raw, field)
-            got = len(value)
-        else:
-            itemsize = np.dtype(DATATYPES[str(datatype)]).itemsize
-            if size != count * itemsize:
-                raise InputError(
-                    f"{field}: {size} bytes of binary data for shape {shape} {datatype} (expected {count * itemsize})",
-                    field=name,
-                    fix="make shape and datatype match the data sent",
-                )
-            value = np.frombuffer(raw, dtype=np.dtype(DATATYPES[str(datatype)]).newbyteorder("<")).reshape(shape)
-            got = count
+    elif "data" not in spec:
+        raise InputError(
+            f"{field}: no data and no binary_data_size parameter",
+            field=name,
+            fix='send "data": [...] or binary data with parameters.binary_data_size',
+        )
     else:
-        if "data" not in spec:
-            raise InputError(
-                f"{field}: no data and no binary_data_size parameter",
-                field=name,
-                fix='send "data": [...] or binary data with parameters.binary_data_size',
-            )
-        flat = _flatten(spec["data"])
-        got = len(flat)
-        if datatype == "BYTES":
-            if not all(isinstance(x, str) for x in flat):
-                raise InputError(
-                    f"{field}: BYTES data in JSON must be strings",
-                    field=name,
-                    fix="send strings, or binary data for raw bytes",
-                )
-            value = [x.encode("utf-8") for x in flat]
-        else:
-            try:
-                value = np.asarray(flat, dtype=DATATYPES[str(datatype)])
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise InputError(
-                    f"{field}: data does not fit datatype {datatype} ({exc})",
-                    field=name,
-                    fix=f"send numbers representable as {datatype}",
-                ) from None
-            if got == count:
-                value = value.reshape(shape)
+        value, got = _json_value(name, datatype, shape, spec["data"])
+    count = math.prod(shape)
     if got != count:
         raise InputError(
             f"{field}: shape {shape} needs {count} elements but {got} were sent",
             field=name,
             fix="make shape match the number of elements in data",
         )
-    return V2Tensor(name, str(datatype), tuple(shape), value, binary=size is not None), offset
+    return V2Tensor(name, datatype, tuple(shape), value, binary=size is not None), offset
 
 
 def _jsonable_element(x: Any) -> Any:
@@ -243,10 +294,7 @@ def encode_response(
     for entry, value, binary in tensors:
         out = dict(entry)
         if binary:
-            if out["datatype"] == "BYTES":
-                raw = encode_bytes_elements(value)
-            else:
-                raw = np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
+            raw = tensor_bytes(out["datatype"], value)
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif out["datatype"] == "BYTES":

@@ -1,20 +1,86 @@
-"""USG errors as HTTP responses: status from the error, a JSON body naming the field and the fix."""
+"""USG errors as HTTP responses: one formatter per protocol, registered once as Starlette handlers.
+
+``/v1`` bodies are ``exc.to_dict()`` (``error`` is the machine reason, ``message``, ``field``,
+``fix``). Open Inference Protocol clients (tritonclient) read ``error`` as the message, so
+``/v2`` bodies put the message there and the reason under ``code``. Both carry ``request_id``.
+5xx bodies never carry internal details (library paths, stack frames): the server log has
+them, under the same request id.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from usg.errors import InputError, Overloaded, PayloadTooLarge, RequestTimeout, StateError, USGError
+from usg.serve.decode import safe_text
 
-__all__ = ["DrainingError", "ModelNotFound", "error_response", "rejection_reason"]
+__all__ = [
+    "BodyTimeout",
+    "DrainingError",
+    "Formatter",
+    "InternalError",
+    "ModelNotFound",
+    "Unauthorized",
+    "exception_handlers",
+    "rejection_reason",
+    "v1_error",
+    "v2_error",
+]
+
+log = logging.getLogger("usg.serve")
+
+Formatter = Callable[[USGError, str | None], JSONResponse]
 
 
 class DrainingError(StateError):
     """The server got SIGTERM: it finishes accepted requests and takes no new ones."""
 
     reason = "draining"
+
+
+class ModelNotFound(USGError):
+    """An Open Inference Protocol path names a model (graph) this server does not serve."""
+
+    status = 404
+    reason = "not_found"
+
+
+class Unauthorized(USGError):
+    """``--api-key-env`` is set and the request has no valid ``Authorization: Bearer`` key."""
+
+    status = 401
+    reason = "unauthorized"
+
+
+class BodyTimeout(USGError):
+    """The client did not send its whole body within the body timeout (a slow or stalled upload)."""
+
+    status = 408
+    reason = "body_timeout"
+
+
+class InternalError(USGError):
+    """A bug (ours or a node's) surfaced while serving; the details stay in the server log."""
+
+    status = 500
+    reason = "internal"
+
+
+class HTTPRouteError(USGError):
+    """Starlette's own refusals (unknown path, wrong method) as a USG error with a JSON body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.reason = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+        super().__init__(message)
 
 
 def rejection_reason(exc: USGError) -> str | None:
@@ -31,31 +97,81 @@ def rejection_reason(exc: USGError) -> str | None:
         return "draining"
     if isinstance(exc, StateError):
         return "unavailable"
+    if isinstance(exc, Unauthorized):
+        return "unauthorized"
+    if isinstance(exc, BodyTimeout):
+        return "slow_client"
     return None
 
 
-def error_response(exc: USGError, *, v2: bool = False, request_id: str | None = None) -> JSONResponse:
-    """The JSON error body of ``exc`` with its status.
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.+@-]+){2,}(?::\d+)?")
 
-    ``/v1`` bodies are ``exc.to_dict()`` (``error`` is the machine reason). Open Inference
-    Protocol clients (tritonclient) read ``error`` as the message, so ``/v2`` bodies put the
-    message there and the reason under ``code``.
-    """
-    body = exc.to_dict()
-    if v2:
-        body = {**body, "code": body.get("error"), "error": str(exc)}
-        body.pop("message", None)
+
+def _public_message(exc: USGError, request_id: str | None) -> str:
+    """The message a client may see: 5xx messages lose file paths and are cut to one short line."""
+    text = safe_text(str(exc))
+    if exc.status < 500 or exc.status in (503, 504):
+        return text
+    line = _PATH.sub("<path>", text.splitlines()[0] if text else exc.reason)
+    if len(line) > 300:
+        line = line[:300] + "…"
+    return f"{line} (details in the server log, request id {request_id})"
+
+
+def _finish(body: dict[str, Any], exc: USGError, request_id: str | None) -> JSONResponse:
     if request_id is not None:
         body["request_id"] = request_id
     headers: dict[str, str] = {}
     if isinstance(exc, Overloaded):
         body["retry_after"] = exc.retry_after
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, (DrainingError, BodyTimeout)):
+        headers["Connection"] = "close"  # draining: go elsewhere; a cut-off body: the stream is out of step
+    clean = {k: safe_text(v) if isinstance(v, str) else v for k, v in body.items()}
+    return JSONResponse(clean, status_code=exc.status, headers=headers)
 
 
-class ModelNotFound(USGError):
-    """An Open Inference Protocol path names a model (graph) this server does not serve."""
+def v1_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
+    """``/v1`` and server-wide error body: ``{"error": reason, "message", "field", "fix", "request_id"}``."""
+    body = dict(exc.to_dict())
+    if exc.status >= 500:
+        body["message"] = _public_message(exc, request_id)
+        body.pop("problems", None)
+    return _finish(body, exc, request_id)
 
-    status = 404
-    reason = "not_found"
+
+def v2_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
+    """Open Inference Protocol error body: ``{"error": message, "code": reason, "field", "fix", ...}``."""
+    body = dict(exc.to_dict())
+    body.pop("problems", None)
+    body["code"] = body.get("error")
+    body["error"] = _public_message(exc, request_id)
+    body.pop("message", None)
+    return _finish(body, exc, request_id)
+
+
+def exception_handlers(
+    fmt: Formatter, on_error: Callable[[Request, USGError, Response], None] | None = None
+) -> Mapping[Any, Callable[..., Any]]:
+    """Starlette ``exception_handlers`` rendering :class:`USGError` (and Starlette's own
+    :class:`HTTPException`) with ``fmt``; ``on_error`` sees every error response (metrics)."""
+
+    async def usg_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, USGError)
+        rid = getattr(request.state, "request_id", None)
+        if exc.status >= 500 and exc.status not in (503, 504):
+            log.error("request %s failed: %s", rid, exc)
+        response = fmt(exc, rid)
+        if rid is not None:
+            response.headers["X-Request-Id"] = rid
+        if on_error is not None:
+            on_error(request, exc, response)
+        return response
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return await usg_error(request, HTTPRouteError(exc.status_code, f"{exc.detail}: {request.url.path}"))
+
+    return {USGError: usg_error, HTTPException: http_error}

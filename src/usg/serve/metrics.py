@@ -25,7 +25,7 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-REJECT_REASONS = ("overloaded", "too_large", "bad_input", "timeout", "draining")
+REJECT_REASONS = ("overloaded", "too_large", "bad_input", "timeout", "draining", "unauthorized", "slow_client")
 
 
 def modality_label(modalities: Sequence[str]) -> str:

@@ -10,11 +10,8 @@ plus ``request_id``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
-import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from starlette.datastructures import UploadFile
@@ -26,28 +23,14 @@ from starlette.types import Message
 
 from usg.errors import InputError
 from usg.graph import Graph
-from usg.serve.limits import read_body
+from usg.serve.context import ServeContext
+from usg.serve.decode import DEFAULT_FIX, b64_image, load_json, parsing
+from usg.serve.limits import DEFAULT_MAX_NESTING_DEPTH
 from usg.specs import Modality
 
-if TYPE_CHECKING:
-    from usg.serve.app import ServeContext
-
-__all__ = ["b64_image", "parse_json_inputs", "routes"]
+__all__ = ["parse_json_inputs", "routes"]
 
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
-def b64_image(name: str, text: str) -> bytes:
-    if text.startswith("data:") and "," in text:
-        text = text.split(",", 1)[1]
-    try:
-        return base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InputError(
-            f"{name}: image is not valid base64 ({exc})",
-            field=name,
-            fix="send the encoded image (PNG/JPEG) base64-encoded, or upload it as a multipart file",
-        ) from None
 
 
 def _tensor(graph: Graph, name: str, value: Any) -> np.ndarray[Any, Any]:
@@ -105,16 +88,9 @@ def _convert(graph: Graph, name: str, value: Any) -> Any:
     return _tensor(graph, name, value)
 
 
-def parse_json_inputs(graph: Graph, body: bytes) -> dict[str, Any]:
+def parse_json_inputs(graph: Graph, body: bytes, *, max_depth: int = DEFAULT_MAX_NESTING_DEPTH) -> dict[str, Any]:
     """``{"inputs": {...}}`` → executor inputs."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"body is not valid JSON ({exc})",
-            field="body",
-            fix='send {"inputs": {"text": "...", "image": {"b64": "..."}}}',
-        ) from None
+    doc = load_json(body, max_depth=max_depth, fix=DEFAULT_FIX)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         got = type(doc.get("inputs")).__name__ if isinstance(doc, dict) else type(doc).__name__
         raise InputError(
@@ -122,7 +98,7 @@ def parse_json_inputs(graph: Graph, body: bytes) -> dict[str, Any]:
             field="inputs",
             fix=f'send {{"inputs": {{NAME: VALUE}}}} with NAME one of {", ".join(sorted(graph.inputs))}',
         )
-    return {str(k): _convert(graph, str(k), v) for k, v in doc["inputs"].items()}
+    return {k: _convert(graph, k, v) for k, v in doc["inputs"].items()}
 
 
 def _replay(body: bytes) -> Any:
@@ -157,7 +133,7 @@ async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict
     return {k: _convert(graph, k, v) for k, v in raw.items()}
 
 
-async def parse_request(graph: Graph, request: Request, limit: int) -> dict[str, Any]:
+async def parse_request(ctx: ServeContext, request: Request, body: bytes) -> dict[str, Any]:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json" and media not in _FORMS:
         raise InputError(
@@ -165,19 +141,18 @@ async def parse_request(graph: Graph, request: Request, limit: int) -> dict[str,
             field="content-type",
             fix='send multipart/form-data (image files, text fields) or application/json {"inputs": {...}}',
         )
-    body = await read_body(request, limit)
-    if media == "application/json":
-        return parse_json_inputs(graph, body)
-    return await parse_form_inputs(graph, request, body)
+    with parsing("the /v1 request"):
+        if media == "application/json":
+            return parse_json_inputs(ctx.graph, body, max_depth=ctx.limits.max_nesting_depth)
+        return await parse_form_inputs(ctx.graph, request, body)
 
 
 def routes(ctx: ServeContext) -> list[Route]:
-    async def infer(request: Request) -> Response:
-        async def work(rid: str) -> Response:
-            raw = await parse_request(ctx.graph, request, ctx.config.max_body_bytes)
-            result = await ctx.infer(raw, rid)
-            return JSONResponse({**result.to_json_dict(), "request_id": rid})
+    """The ``/v1`` routes (mounted under ``/v1`` with the v1 error formatter)."""
 
-        return await ctx.guarded(request, "v1_infer", work)
+    async def work(request: Request, rid: str, body: bytes) -> Response:
+        raw = await parse_request(ctx, request, body)
+        result = await ctx.infer(raw, rid)
+        return JSONResponse({**result.to_json_dict(), "request_id": rid})
 
-    return [Route("/v1/infer", infer, methods=["POST"])]
+    return [Route("/infer", ctx.endpoint("v1_infer", work), methods=["POST"])]

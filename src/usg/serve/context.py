@@ -1,0 +1,217 @@
+"""What every route shares: the graph, executor, limits, gates, metrics, tracing and the state.
+
+The server's state is explicit (:class:`ServeState`): readiness is true only in ``READY``;
+in ``DRAINING`` new inference requests get 503 ``draining`` (with ``Connection: close``)
+while accepted ones finish. An inference request is admitted in this order, each step
+refusing before the next one costs anything: state (503), API key (401), declared body size
+(413), a free in-flight slot (429, none taken yet), the body received within the body
+timeout and the receive budget (408 / 429), then the in-flight slot is taken and the work runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from usg.errors import StateError, USGError
+from usg.graph import Graph
+from usg.runtime import Executor, InferResult
+from usg.runtime.executor import ExecutorState
+from usg.serve.errors import DrainingError, InternalError, Unauthorized, rejection_reason
+from usg.serve.limits import BodyBudget, InflightGate, RequestLimits, check_content_length, declared_length, read_body
+from usg.serve.metrics import ServeMetrics
+from usg.serve.tracing import TracingObserver
+
+if TYPE_CHECKING:
+    from usg.monitor.addon import ServeAddon
+
+__all__ = ["ServeConfig", "ServeContext", "ServeState", "Work"]
+
+log = logging.getLogger("usg.serve")
+
+Work = Callable[[Request, str, bytes], Awaitable[Response]]
+
+
+class ServeState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Limits of one server. ``timeout_s`` is the per-request deadline (None: the executor's).
+
+    ``max_body_bytes`` None takes the graph's ``limits.max_body_bytes`` (default 32 MiB).
+    ``body_timeout_s`` bounds how long a request's body may take to arrive; ``header_timeout_s``
+    and ``keepalive_timeout_s`` are applied by the HTTP server (``usg serve``). ``api_key``
+    (``--api-key-env``) is required as ``Authorization: Bearer`` on inference, metadata and
+    metrics; health stays open.
+    """
+
+    max_inflight: int = 64
+    max_body_bytes: int | None = None
+    timeout_s: float | None = None
+    drain_timeout_s: float = 120.0
+    retry_after_s: float = 1.0
+    body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 5.0
+    api_key: str | None = None
+
+
+class ServeContext:
+    """Everything the routes share: graph, executor, limits, gates, metrics, tracing, state."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        executor: Executor,
+        config: ServeConfig,
+        metrics: ServeMetrics,
+        tracing: TracingObserver | None,
+    ) -> None:
+        self.graph = graph
+        self.executor = executor
+        self.config = config
+        self.metrics = metrics
+        self.tracing = tracing
+        self.limits = RequestLimits.of(graph.limits, max_body_bytes=config.max_body_bytes)
+        self.gate = InflightGate(config.max_inflight, retry_after=config.retry_after_s)
+        # bodies being received may reserve as much as the in-flight requests may hold
+        self.receiving = BodyBudget(config.max_inflight * self.limits.max_body_bytes, retry_after=config.retry_after_s)
+        self.state = ServeState.STARTING
+        self.started_at = time.time()
+        self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
+        metrics.set_inflight_source(lambda: float(self.gate.inflight))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state is ServeState.READY and self.executor.state is ExecutorState.RUNNING
+
+    @property
+    def busy(self) -> int:
+        """Requests accepted and not answered yet: in flight, or still receiving their body."""
+        return self.gate.inflight + self.receiving.receiving
+
+    def begin_draining(self) -> None:
+        """Stop admitting inference requests (readiness turns false); accepted ones continue."""
+        if self.state in (ServeState.STARTING, ServeState.READY):
+            log.info("draining: %d request(s) in flight", self.gate.inflight)
+            self.state = ServeState.DRAINING
+
+    async def startup(self) -> None:
+        await self.executor.start()
+        self.metrics.bind_runners(self.executor.runners)
+        for addon in self.addons:
+            addon.bind(self)
+        if self.state is ServeState.STARTING:
+            self.state = ServeState.READY
+
+    async def shutdown(self) -> None:
+        self.begin_draining()
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.busy:
+            log.warning("drain timeout: closing with %d request(s) in flight", self.busy)
+        await self.executor.aclose()
+        for addon in self.addons:
+            addon.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
+        self.state = ServeState.STOPPED
+
+    # -- admission ---------------------------------------------------------------------------
+    def check_state(self) -> None:
+        if self.state is ServeState.READY:
+            return
+        if self.state is ServeState.STARTING:
+            raise StateError("the server is still loading models; fix: wait for /v2/health/ready")
+        raise DrainingError("the server is shutting down and accepts no new requests; fix: retry on another replica")
+
+    def authorize(self, request: Request) -> None:
+        """401 unless ``Authorization: Bearer <key>`` matches ``--api-key-env`` (when one is set)."""
+        key = self.config.api_key
+        if key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise Unauthorized(
+                "this server requires an API key; fix: send the header 'Authorization: Bearer <key>' "
+                "with the key the server was started with (usg serve --api-key-env NAME)"
+            )
+
+    async def receive(self, request: Request) -> bytes:
+        """The whole body, within the size limit, the body timeout and the receive budget."""
+        limit = self.limits.max_body_bytes
+        reserve = min(declared_length(request) or limit, limit)
+        self.receiving.reserve(reserve)
+        try:
+            return await read_body(request, limit, timeout_s=self.config.body_timeout_s)
+        finally:
+            self.receiving.release(reserve)
+
+    async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
+        """Run the graph (the executor decodes encoded images off the event loop)."""
+        for addon in self.addons:
+            addon.note_raw(request_id, raw)
+        return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
+
+    def count(self, request: Request, exc: USGError | None, status: int) -> None:
+        """Metrics of one answered request (the error handlers call it for refusals)."""
+        endpoint = getattr(request.state, "endpoint", None)
+        if exc is not None:
+            reason = rejection_reason(exc)
+            if reason is not None:
+                self.metrics.reject(reason)
+        if endpoint is not None:
+            self.metrics.http_requests.labels(endpoint, str(status)).inc()
+
+    def endpoint(self, name: str, work: Work) -> Callable[[Request], Awaitable[Response]]:
+        """An inference route: admit (see the module docstring), run ``work(request, rid, body)``.
+
+        USG errors propagate to the protocol's exception handlers; anything else is a bug,
+        logged with its traceback and answered as a 500 without internal details.
+        """
+
+        async def run(request: Request) -> Response:
+            rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+            request.state.request_id = rid
+            request.state.endpoint = name
+            self.check_state()
+            self.authorize(request)
+            check_content_length(request, self.limits.max_body_bytes)
+            self.gate.check()  # refuse at once when full, without reading the body
+            body = await self.receive(request)
+            self.gate.acquire()
+            try:
+                scope = self.tracing.remote_parent(request.headers) if self.tracing else contextlib.nullcontext()
+                with scope:
+                    try:
+                        response = await work(request, rid, body)
+                    except USGError:
+                        raise
+                    except Exception as exc:
+                        log.exception("request %s failed", rid)
+                        raise InternalError(f"internal error ({type(exc).__name__})") from exc
+            finally:
+                self.gate.release()
+            response.headers["X-Request-Id"] = rid
+            self.count(request, None, response.status_code)
+            return response
+
+        return run

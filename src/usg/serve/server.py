@@ -1,0 +1,129 @@
+"""Running the app under uvicorn: a header timeout, the port checked first, a drain on SIGTERM.
+
+* **Port first**: :func:`check_port` binds the address before any model loads, so a busy
+  port fails in a second with the fix instead of after the models loaded.
+* **Slow clients**: a connection must deliver a request's complete headers within
+  ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
+  it is closed; an idle keep-alive connection is closed after ``keepalive_timeout_s``
+  (uvicorn's own timer); bodies have the app's body timeout (:mod:`usg.serve.context`).
+* **SIGTERM**: the server keeps listening while it drains, answering new requests 503
+  ``draining`` with ``Connection: close`` (no connection resets), and shuts uvicorn down
+  once the accepted requests are answered (or ``drain_timeout_s`` passed). A second signal
+  stops at once (uvicorn's graceful shutdown still waits for responses in progress).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import time
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from usg.errors import USGError
+from usg.serve.context import ServeContext
+
+__all__ = ["PortInUse", "UsgServer", "check_port", "uvicorn_config"]
+
+
+class PortInUse(USGError):
+    """``usg serve --port N`` names a port another process listens on (exit code 1)."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` once (and release it) so a busy port fails before the models load."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(
+                    f"port {port} on {host} is already in use by another process; "
+                    f"fix: pass a free --port, or stop the process listening there (e.g. `ss -ltnp 'sport = :{port}'`)"
+                ) from None
+            raise PortInUse(
+                f"cannot listen on {host}:{port} ({exc.strerror}); fix: pass another --host/--port"
+            ) from None
+
+
+def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with a deadline for a request's headers."""
+    base: Any = AutoHTTPProtocol
+
+    class HeaderTimeoutProtocol(base):
+        _usg_timer: asyncio.TimerHandle | None = None
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            if self._usg_timer is None:
+                self._usg_timer = self.loop.call_later(header_timeout_s, self._usg_expire)
+
+        def _disarm(self) -> None:
+            if self._usg_timer is not None:
+                self._usg_timer.cancel()
+                self._usg_timer = None
+
+        def _usg_expire(self) -> None:
+            self._usg_timer = None
+            if self._idle() and not self.transport.is_closing():
+                self.transport.close()  # headers never completed: a stalled or slowloris client
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._idle():
+                self._arm()  # first bytes of a request: its headers must complete in time
+            super().data_received(data)
+            if not self._idle():
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+class UsgServer(uvicorn.Server):
+    """uvicorn's server, draining on the first SIGTERM/SIGINT instead of closing its sockets."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServeContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self._drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.ctx.config.drain_timeout_s
+            self.ctx.begin_draining()  # readiness false, new requests 503; sockets stay open
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_deadline is not None and (not self.ctx.busy or time.monotonic() > self._drain_deadline):
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_level: str) -> uvicorn.Config:
+    cfg = ctx.config
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        http=_protocol_class(cfg.header_timeout_s),
+        timeout_keep_alive=max(1, round(cfg.keepalive_timeout_s)),
+        timeout_graceful_shutdown=int((cfg.timeout_s or 60.0) + 10),
+    )

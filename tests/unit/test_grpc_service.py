@@ -1,0 +1,358 @@
+"""The gRPC front end in-process: tritonclient.grpc.aio against a real grpc.aio server on 127.0.0.1,
+over a model-free graph; typed contents, error codes, overload, draining, API key, message limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette")  # the serve extra (the grpc extra includes it)
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("tritonclient.grpc")
+
+import tritonclient.grpc.aio as tga  # noqa: E402
+from tritonclient.grpc import InferInput, InferRequestedOutput  # noqa: E402
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from usg.errors import InputError  # noqa: E402
+from usg.graph import Graph, GraphBuilder  # noqa: E402
+from usg.serve import ServeContext, create_app  # noqa: E402
+from usg.serve.grpc_codec import parse_infer_request, requested_outputs  # noqa: E402
+from usg.serve.grpc_server import attach_grpc, check_port_free, grpc_serving  # noqa: E402
+from usg.specs import TensorSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resources" / "serve"))
+
+from procs import free_port  # noqa: E402
+
+
+def graph() -> Graph:
+    return (
+        GraphBuilder("g")
+        .input("text", "text", optional=True)
+        .input("x", "tensor", spec=TensorSpec("float32", (1, None)), optional=True)
+        .node("echo", fn="slow_ops:slow_echo", inputs={"text": "inputs.text"})
+        .node("dbl", fn="testops:identity", inputs={"x": "inputs.x"})
+        .output("echo", "echo.text")
+        .output("length", "echo.length")
+        .output("x", "dbl.y")
+        .build()
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    api_key: str | None = None, max_calls: int | None = None, **kw: Any
+) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
+    app = create_app(graph(), **kw)
+    ctx = app.state.usg
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        grpc_server = grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key, max_calls=max_calls)
+        port = await stack.enter_async_context(grpc_server)
+        client = await stack.enter_async_context(tga.InferenceServerClient(f"127.0.0.1:{port}"))
+        yield ctx, client
+
+
+def text_input(*texts: str | bytes) -> InferInput:
+    t = InferInput("text", [len(texts)], "BYTES")
+    t.set_data_from_numpy(np.array([x.encode() if isinstance(x, str) else x for x in texts], dtype=object))
+    return t
+
+
+def request(*tensors: pb.ModelInferRequest.InferInputTensor, raw: list[bytes] | None = None) -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(model_name="g", inputs=list(tensors), raw_input_contents=raw or [])
+
+
+def tensor(name: str, datatype: str, shape: list[int], **contents: Any) -> pb.ModelInferRequest.InferInputTensor:
+    t = pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape)
+    if contents:
+        t.contents.CopyFrom(pb.InferTensorContents(**contents))
+    return t
+
+
+def test_typed_contents_and_raw_contents_decode_alike() -> None:
+    g = graph()
+    typed = request(
+        tensor("text", "BYTES", [1], bytes_contents=[b"hi"]),
+        tensor("x", "FP32", [1, 3], fp32_contents=[1, 2, 3]),
+    )
+    raw = request(
+        tensor("text", "BYTES", [1]),
+        tensor("x", "FP32", [1, 3]),
+        raw=[b"\x02\x00\x00\x00hi", np.array([1, 2, 3], dtype="<f4").tobytes()],
+    )
+    for req in (typed, raw):
+        values = parse_infer_request(g, req)
+        assert values["text"] == b"hi"
+        np.testing.assert_array_equal(values["x"], np.array([[1, 2, 3]], dtype=np.float32))
+    assert requested_outputs(g, typed) == ["echo", "length", "x"]
+
+
+@pytest.mark.parametrize(
+    ("req", "match"),
+    [
+        (request(tensor("text", "BYTES", [1]), raw=[]), r"inputs\.text: shape \[1\] needs 1 elements but 0"),
+        (request(tensor("text", "BYTES", [1]), tensor("x", "FP32", [1, 1]), raw=[b""]), "2 inputs but 1 raw"),
+        (
+            request(tensor("text", "BYTES", [1], bytes_contents=[b"a"]), raw=[b"\x01\x00\x00\x00a"]),
+            "typed contents while the request also uses raw_input_contents",
+        ),
+        (request(tensor("x", "FP16", [1, 1])), "FP16' has no typed contents field; fix: send it in raw_input"),
+        (request(tensor("x", "FLOAT", [1, 1])), "'FLOAT' is not a v2 datatype"),
+        (request(tensor("x", "INT8", [1, 1], int_contents=[300])), "does not fit datatype INT8"),
+        (request(tensor("x", "FP32", [1, 2]), raw=[b"\0" * 4]), r"4 bytes of binary data for shape \[1, 2\] FP32"),
+        (request(tensor("x", "FP32", [1, -2]), raw=[b""]), "is not a list of non-negative ints"),
+        (request(tensor("x", "INT64", [1, 1], int64_contents=[1])), "datatype INT64 does not match the input"),
+        (request(tensor("text", "BYTES", [2], bytes_contents=[b"a", b"b"])), "expected 1 BYTES element"),
+        (request(tensor("txt", "BYTES", [1], bytes_contents=[b"a"])), "unknown input 'txt'.*use the model's inputs"),
+        (
+            request(*[tensor("text", "BYTES", [1], bytes_contents=[b"a"])] * 2),
+            "given more than once",
+        ),
+    ],
+)
+def test_bad_tensors_name_the_field_and_the_fix(req: pb.ModelInferRequest, match: str) -> None:
+    with pytest.raises(InputError, match=match) as info:
+        parse_infer_request(graph(), req)
+    assert info.value.field and info.value.fix
+
+
+def test_bad_requested_outputs() -> None:
+    g = graph()
+    req = pb.ModelInferRequest(model_name="g", outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="nope")])
+    with pytest.raises(InputError, match="requested output 'nope' does not exist; fix: request some of: echo"):
+        requested_outputs(g, req)
+    out = pb.ModelInferRequest.InferRequestedOutputTensor(name="echo")
+    out.parameters["classification"].int64_param = 2
+    with pytest.raises(InputError, match="classification extension is not supported"):
+        requested_outputs(g, pb.ModelInferRequest(model_name="g", outputs=[out]))
+
+
+def test_infer_health_metadata_and_errors_with_tritonclient() -> None:
+    async def scenario() -> None:
+        async with serving() as (ctx, client):
+            assert await client.is_server_live() and await client.is_server_ready()
+            assert await client.is_model_ready("g")
+            meta = await client.get_model_metadata("g", as_json=True)
+            assert [(i["name"], i["datatype"]) for i in meta["inputs"]] == [("text", "BYTES"), ("x", "FP32")]
+            x = InferInput("x", [1, 2], "FP32")
+            x.set_data_from_numpy(np.array([[1.5, -2]], dtype=np.float32))
+            r = await client.infer("g", [text_input("héllo"), x], request_id="my-id")
+            assert r.as_numpy("echo").tolist() == [b"h\xc3\xa9llo"]
+            assert r.as_numpy("length").tolist() == [5]
+            np.testing.assert_array_equal(r.as_numpy("x"), [[1.5, -2]])
+            assert r.get_response().id == "my-id"
+            # output selection, and outputs of pruned branches are absent (not errors)
+            only = await client.infer("g", [x], outputs=[InferRequestedOutput("x"), InferRequestedOutput("echo")])
+            assert [o.name for o in only.get_response().outputs] == ["x"]
+            assert "echo" in only.get_response().parameters["pruned_nodes"].string_param
+
+            with pytest.raises(InferenceServerException, match=r"expected 1 BYTES element.*fix: send text") as info:
+                await client.infer("g", [text_input("a", "b")])
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            with pytest.raises(InferenceServerException, match="text is not valid UTF-8") as info:
+                await client.infer("g", [text_input(b"\xff\xfe")])
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+            with pytest.raises(InferenceServerException, match="model 'other' version '' is not served") as info:
+                await client.infer("other", [text_input("a")])
+            assert info.value.status() == "StatusCode.NOT_FOUND"
+            with pytest.raises(InferenceServerException, match="not served") as info:
+                await client.is_model_ready("other")
+            assert info.value.status() == "StatusCode.NOT_FOUND"
+            # a failing node: INTERNAL, its message (which may name library paths) stays in the log
+            with pytest.raises(
+                InferenceServerException, match=r"internal error \(\w+\); details in the server log"
+            ) as info:
+                await client.infer("g", [text_input("sleep:never")])
+            assert info.value.status() == "StatusCode.INTERNAL" and "float" not in str(info.value.message())
+            metrics = ctx.metrics.render().decode()
+            assert 'usg_grpc_requests_total{code="INVALID_ARGUMENT",method="ModelInfer"} 2.0' in metrics
+            assert 'usg_rejected_requests_total{reason="bad_input"} 2.0' in metrics
+
+    asyncio.run(scenario())
+
+
+def test_overload_is_resource_exhausted_with_retry_advice() -> None:
+    async def scenario() -> None:
+        async with serving(max_inflight=1) as (ctx, client):
+            slow = asyncio.ensure_future(client.infer("g", [text_input("sleep:1 a")]))
+            while ctx.gate.inflight == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(InferenceServerException, match=r"at capacity.*retry after 1 s") as info:
+                await client.infer("g", [text_input("b")])
+            assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert (await slow).as_numpy("echo").tolist() == [b"sleep:1 a"]
+
+    asyncio.run(scenario())
+
+
+def test_calls_open_at_once_are_bounded_before_their_message_is_read() -> None:
+    async def scenario() -> None:
+        async with serving(max_calls=1) as (ctx, client):
+            slow = asyncio.ensure_future(client.infer("g", [text_input("sleep:0.5 a")]))
+            while ctx.gate.inflight == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(InferenceServerException, match="Concurrent RPC limit exceeded") as info:
+                await client.infer("g", [text_input("b" * 100_000)])
+            assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert (await slow).as_numpy("echo").tolist() == [b"sleep:0.5 a"]
+
+    asyncio.run(scenario())
+
+
+def test_draining_is_unavailable_and_not_ready() -> None:
+    async def scenario() -> None:
+        async with serving() as (ctx, client):
+            ctx.begin_draining()
+            assert not await client.is_server_ready()
+            assert await client.is_server_live()
+            with pytest.raises(InferenceServerException, match=r"shutting down.*retry on another replica") as info:
+                await client.infer("g", [text_input("a")])
+            assert info.value.status() == "StatusCode.UNAVAILABLE"
+
+    asyncio.run(scenario())
+
+
+def test_api_key_guards_inference_not_health() -> None:
+    async def scenario() -> None:
+        async with serving(api_key="s3cret") as (_, client):
+            assert await client.is_server_live() and await client.is_server_ready() and await client.is_model_ready("g")
+            with pytest.raises(InferenceServerException, match="no authorization metadata") as info:
+                await client.get_model_metadata("g")
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert await client.get_model_metadata("g", headers={"authorization": "bearer s3cret"})
+            for headers, match in (
+                (None, "no authorization metadata"),
+                ({"authorization": "Bearer wrong"}, "does not carry the server's API key"),
+            ):
+                with pytest.raises(InferenceServerException, match=match + ".*authorization: Bearer") as info:
+                    await client.infer("g", [text_input("a")], headers=headers)
+                assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+
+                async def one() -> AsyncIterator[dict[str, Any]]:
+                    yield {"model_name": "g", "inputs": [text_input("a")]}
+
+                with pytest.raises(grpc.aio.AioRpcError) as stream_info:  # tritonclient's stream does not wrap it
+                    async for _ in client.stream_infer(one(), headers=headers):
+                        pass
+                assert stream_info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                assert match in stream_info.value.details()
+            ok = await client.infer("g", [text_input("a")], headers={"authorization": "Bearer s3cret"})
+            assert ok.as_numpy("echo").tolist() == [b"a"]
+
+    asyncio.run(scenario())
+
+
+def test_stream_answers_every_message_and_errors_in_band() -> None:
+    async def scenario() -> None:
+        async with serving() as (_, client):
+
+            async def messages() -> AsyncIterator[dict[str, Any]]:
+                yield {"model_name": "g", "inputs": [text_input("sleep:0.3 first")], "request_id": "1"}
+                yield {"model_name": "g", "inputs": [text_input("a", "b")], "request_id": "2"}
+                yield {"model_name": "g", "inputs": [text_input("third")], "request_id": "3"}
+
+            got: list[tuple[str, str]] = []
+            async for result, error in client.stream_infer(messages()):
+                if error is not None:
+                    got.append(("error", str(error)))
+                else:
+                    got.append((result.get_response().id, result.as_numpy("echo")[0].decode()))
+            # messages run concurrently: the slow first one is answered last
+            assert len(got) == 3 and got[-1] == ("1", "sleep:0.3 first")
+            assert ("3", "third") in got
+            assert any(kind == "error" and "INVALID_ARGUMENT: text: expected 1 BYTES" in e for kind, e in got)
+
+    asyncio.run(scenario())
+
+
+def test_message_above_the_body_limit_is_refused_by_grpc() -> None:
+    async def scenario() -> None:
+        async with serving(max_body_mb=0.01) as (_, client):
+            with pytest.raises(InferenceServerException, match="larger than max") as info:
+                await client.infer("g", [text_input("x" * 20_000)])
+            assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            assert (await client.infer("g", [text_input("small")])).as_numpy("echo").tolist() == [b"small"]
+
+    asyncio.run(scenario())
+
+
+def test_attach_grpc_runs_with_the_app_lifespan_and_busy_ports_are_refused() -> None:
+    port = free_port()
+    app = create_app(graph())
+    attach_grpc(app, "127.0.0.1", port)
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            with pytest.raises(Exception, match=f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}.*fix"):
+                check_port_free("127.0.0.1", port)
+            async with tga.InferenceServerClient(f"127.0.0.1:{port}") as client:
+                assert await client.is_server_ready()
+        assert app.state.usg.state.value == "stopped"
+        check_port_free("127.0.0.1", port)  # released
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "match"),
+    [
+        (["--engine", "ray", "--grpc-port", "9001"], 2, "--grpc-port needs the embedded engine.*fix: drop --grpc-port"),
+        (["--port", "9001", "--grpc-port", "9001"], 2, "--grpc-port 9001 is also the HTTP --port"),
+        (["--grpc-port", "BUSY"], 1, "--grpc-port BUSY: cannot listen on 127.0.0.1:BUSY.*fix: stop the process"),
+    ],
+)
+def test_cli_refuses_bad_grpc_ports_before_loading_models(
+    args: list[str], code: int, match: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from usg.cli import main
+
+    graph_file = tmp_path / "never-loaded.yaml"  # the refusals come before the graph is read
+    graph_file.write_text("not: a graph\n")
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        with pytest.raises(SystemExit) as exc:
+            main(["serve", str(graph_file), *[port if a == "BUSY" else a for a in args]])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == code
+    assert re.search(match.replace("BUSY", port), err), err
+
+
+def test_a_client_deadline_cancels_the_call_and_frees_its_slot() -> None:
+    async def scenario() -> None:
+        async with serving(max_inflight=1) as (ctx, client):
+            with pytest.raises(InferenceServerException) as info:
+                await client.infer("g", [text_input("sleep:0.5 a")], client_timeout=0.1)
+            assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            while ctx.gate.inflight:
+                await asyncio.sleep(0.01)
+            assert (await client.infer("g", [text_input("b")])).as_numpy("echo").tolist() == [b"b"]
+            assert ctx.executor.state.value == "running"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("module", "package"), [("grpc", "grpcio"), ("tritonclient.grpc", "tritonclient")])
+def test_a_missing_grpc_extra_names_the_pip_line(monkeypatch: pytest.MonkeyPatch, module: str, package: str) -> None:
+    import importlib
+
+    from usg.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    monkeypatch.delitem(sys.modules, "usg.serve.grpc_server")
+    with pytest.raises(MissingDependency, match=rf"package '{package}'.*fix: pip install 'usg\[grpc\]'"):
+        importlib.import_module("usg.serve.grpc_server")
