@@ -44,6 +44,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("usg.cli.bench_cmd:tune", "Profile models and choose batch sizes and threads."),
     "index": ("usg.cli.index_cmd:index", "Index scanned documents and text files for search."),
     "search": ("usg.cli.search_cmd:search", "Search an index of documents with a text or an image."),
+    "profile": ("usg.cli.profile_cmd:profile", "Record a reference profile of a graph's inputs and outputs."),
+    "drift": ("usg.cli.drift_cmd:drift", "Compare a window profile with a reference profile (drift tests)."),
+    "report": ("usg.cli.report_cmd:report", "Reports from traces: SLO-violation attribution per node and cause."),
 }
 
 

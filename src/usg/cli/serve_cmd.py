@@ -91,6 +91,18 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 @click.option(
+    "--reference",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="A profile from `usg profile`: live drift and health on GET /v1/monitor and /metrics.",
+)
+@click.option(
+    "--trace-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append USG's spans as OTLP/JSON lines (for `usg report slo`).",
+)
+@click.option(
     "--engine",
     type=click.Choice(["embedded", "ray"]),
     default="embedded",
@@ -145,12 +157,16 @@ def serve(
     deploy_timeout: float,
     index_path: str | None,
     log_level: str,
+    reference: str | None = None,
+    trace_file: str | None = None,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if grpc_port is not None and engine == "ray":
         raise UsageError("--grpc-port needs the embedded engine (--engine ray serves HTTP only); fix: drop --grpc-port")
     if grpc_port is not None and grpc_port == port:
         raise UsageError(f"--grpc-port {grpc_port} is also the HTTP --port; fix: pick another --grpc-port")
+    if engine == "ray" and (reference or trace_file):
+        raise UsageError("--reference and --trace-file work with the embedded engine; fix: drop --engine ray")
     if engine == "ray":
         if index_path:
             raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
@@ -183,6 +199,7 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError:
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
+    from usg.monitor.addon import serve_addons
     from usg.serve import ServeConfig, create_app, make_tracer_provider
     from usg.serve.server import UsgServer, check_port, uvicorn_config
 
@@ -204,12 +221,14 @@ def serve(
         keepalive_timeout_s=keepalive_timeout,
         api_key=api_key,
     )
+    addons = serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching)
     app = create_app(
         graph,
         batching=not no_batching,
         timeout_s=timeout,
         tracer_provider=provider,
         config=config,
+        addons=addons,
         extra_routes=[search_routes(index_path)] if index_path else (),
     )
     ctx = app.state.usg

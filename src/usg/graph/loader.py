@@ -17,7 +17,7 @@ from usg.specs import Modality, TensorSpec
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
-_TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description"}
+_TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor"}
 _INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
 _MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
 _BATCH_KEYS = {

@@ -306,6 +306,8 @@ class Executor:
                     t.cancel()
             # let cancelled tasks finish so no "Task was destroyed" warnings leak
             await asyncio.gather(*state.tasks.values(), return_exceptions=True)
+        for obs in self.observers:
+            obs.request_values(rid, state.values, state.outputs)
         skipped = [n for n in active if state.outputs.get(n) is None]
         all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
         return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from usg.records import BatchEvent, NodeEvent
 
@@ -20,6 +21,13 @@ class Observer:
 
     def batch_finished(self, event: BatchEvent) -> None:
         """A batcher made one backend call (size, padding, queue waits, compute)."""
+        return None
+
+    def request_values(
+        self, request_id: str, inputs: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any] | None]
+    ) -> None:
+        """A request's decoded inputs and every node's outputs (None: skipped), before the result is built.
+        Read-only: do not mutate or copy here (the drift monitor queues references for a worker thread)."""
         return None
 
     def request_finished(

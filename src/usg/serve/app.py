@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from usg.backends import Backend
 from usg.errors import StateError
@@ -28,6 +28,9 @@ from usg.serve.context import ServeConfig, ServeContext, ServeState
 from usg.serve.errors import exception_handlers, v1_error, v2_error
 from usg.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from usg.serve.tracing import TracingObserver
+
+if TYPE_CHECKING:
+    from usg.monitor.addon import ServeAddon
 
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "create_app"]
 
@@ -45,6 +48,7 @@ def create_app(
     tracer_provider: Any | None = None,
     config: ServeConfig | None = None,
     extra_routes: Sequence[Callable[[ServeContext], list[Route]]] = (),
+    addons: Sequence[ServeAddon] = (),
 ) -> Starlette:
     """Build the app serving ``graph``.
 
@@ -56,7 +60,7 @@ def create_app(
     """
     metrics = ServeMetrics()
     tracing = TracingObserver(tracer_provider) if tracer_provider is not None else None
-    observers = [o for o in (metrics, tracing) if o is not None]
+    observers = [o for o in (metrics, tracing, *addons) if o is not None]
     if executor is None:
         executor = Executor(
             graph,
@@ -76,6 +80,7 @@ def create_app(
     body = int(max_body_mb * 2**20) if max_body_mb is not None else None
     cfg = config or ServeConfig(max_inflight=max_inflight, max_body_bytes=body)
     ctx = ServeContext(graph, executor, cfg, metrics, tracing)
+    ctx.addons = list(addons)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -95,8 +100,9 @@ def create_app(
     def handlers(fmt: Any) -> Mapping[Any, Any]:
         return exception_handlers(fmt, lambda req, exc, resp: ctx.count(req, exc, resp.status_code))
 
-    routes = [
+    routes: list[BaseRoute] = [
         *(route for make in extra_routes for route in make(ctx)),  # before Mount("/v1"), which takes /v1/...
+        *(r for addon in addons for r in addon.routes()),
         Route("/v2", v2.server_metadata(ctx), methods=["GET"]),  # Mount("/v2") matches "/v2/..." only
         Mount("/v1", app=Starlette(routes=v1.routes(ctx), exception_handlers=handlers(v1_error))),
         Mount("/v2", app=Starlette(routes=v2.routes(ctx), exception_handlers=handlers(v2_error))),

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,6 +32,9 @@ from usg.serve.errors import DrainingError, InternalError, Unauthorized, rejecti
 from usg.serve.limits import BodyBudget, InflightGate, RequestLimits, check_content_length, declared_length, read_body
 from usg.serve.metrics import ServeMetrics
 from usg.serve.tracing import TracingObserver
+
+if TYPE_CHECKING:
+    from usg.monitor.addon import ServeAddon
 
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "Work"]
 
@@ -91,6 +94,7 @@ class ServeContext:
         self.receiving = BodyBudget(config.max_inflight * self.limits.max_body_bytes, retry_after=config.retry_after_s)
         self.state = ServeState.STARTING
         self.started_at = time.time()
+        self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
         metrics.set_inflight_source(lambda: float(self.gate.inflight))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -112,6 +116,8 @@ class ServeContext:
     async def startup(self) -> None:
         await self.executor.start()
         self.metrics.bind_runners(self.executor.runners)
+        for addon in self.addons:
+            addon.bind(self)
         if self.state is ServeState.STARTING:
             self.state = ServeState.READY
 
@@ -123,6 +129,8 @@ class ServeContext:
         if self.busy:
             log.warning("drain timeout: closing with %d request(s) in flight", self.busy)
         await self.executor.aclose()
+        for addon in self.addons:
+            addon.close()
         if self.tracing is not None:
             self.tracing.shutdown()
         self.state = ServeState.STOPPED
@@ -159,6 +167,8 @@ class ServeContext:
 
     async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
         """Run the graph (the executor decodes encoded images off the event loop)."""
+        for addon in self.addons:
+            addon.note_raw(request_id, raw)
         return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
 
     def count(self, request: Request, exc: USGError | None, status: int) -> None:
