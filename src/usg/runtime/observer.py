@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from usg.records import BatchEvent, NodeEvent
+from usg.records import BatchEvent, CacheEvent, NodeEvent
 
-__all__ = ["NodeEvent", "Observer"]
+__all__ = ["CacheEvent", "NodeEvent", "Observer"]
 
 
 class Observer:
@@ -20,6 +20,10 @@ class Observer:
 
     def batch_finished(self, event: BatchEvent) -> None:
         """A batcher made one backend call (size, padding, queue waits, compute)."""
+        return None
+
+    def cache_event(self, event: CacheEvent) -> None:
+        """A cached node was looked up, served or stored (see :class:`usg.records.CacheEvent`)."""
         return None
 
     def request_finished(
