@@ -110,9 +110,12 @@ class ServeContext:
         self.state = ServeState.STOPPED
 
     # -- requests ----------------------------------------------------------------------------
-    async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
+    async def infer(
+        self, raw: Mapping[str, Any], request_id: str, expect_sha256: Mapping[str, str] | None = None
+    ) -> InferResult:
         """Run the graph (the executor decodes encoded images off the event loop)."""
-        return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
+        timeout_s = self.config.timeout_s
+        return await self.executor.infer(raw, request_id=request_id, timeout_s=timeout_s, expect_sha256=expect_sha256)
 
     async def guarded(
         self,

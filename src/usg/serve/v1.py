@@ -105,8 +105,8 @@ def _convert(graph: Graph, name: str, value: Any) -> Any:
     return _tensor(graph, name, value)
 
 
-def parse_json_inputs(graph: Graph, body: bytes) -> dict[str, Any]:
-    """``{"inputs": {...}}`` → executor inputs."""
+def parse_json_inputs(graph: Graph, body: bytes, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"inputs": {...}}`` → executor inputs; ``{"b64": ..., "sha256": ...}`` digests go to ``expected``."""
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -121,6 +121,10 @@ def parse_json_inputs(graph: Graph, body: bytes) -> dict[str, Any]:
             f'body must be an object with an "inputs" object (got {got})',
             field="inputs",
             fix=f'send {{"inputs": {{NAME: VALUE}}}} with NAME one of {", ".join(sorted(graph.inputs))}',
+        )
+    if expected is not None:
+        expected.update(
+            {str(k): v["sha256"] for k, v in doc["inputs"].items() if isinstance(v, dict) and "sha256" in v}
         )
     return {str(k): _convert(graph, str(k), v) for k, v in doc["inputs"].items()}
 
@@ -157,7 +161,9 @@ async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict
     return {k: _convert(graph, k, v) for k, v in raw.items()}
 
 
-async def parse_request(graph: Graph, request: Request, limit: int) -> dict[str, Any]:
+async def parse_request(
+    graph: Graph, request: Request, limit: int, expected: dict[str, Any] | None = None
+) -> dict[str, Any]:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json" and media not in _FORMS:
         raise InputError(
@@ -167,15 +173,16 @@ async def parse_request(graph: Graph, request: Request, limit: int) -> dict[str,
         )
     body = await read_body(request, limit)
     if media == "application/json":
-        return parse_json_inputs(graph, body)
+        return parse_json_inputs(graph, body, expected)
     return await parse_form_inputs(graph, request, body)
 
 
 def routes(ctx: ServeContext) -> list[Route]:
     async def infer(request: Request) -> Response:
         async def work(rid: str) -> Response:
-            raw = await parse_request(ctx.graph, request, ctx.config.max_body_bytes)
-            result = await ctx.infer(raw, rid)
+            expected: dict[str, Any] = {}
+            raw = await parse_request(ctx.graph, request, ctx.config.max_body_bytes, expected)
+            result = await ctx.infer(raw, rid, expected or None)
             return JSONResponse({**result.to_json_dict(), "request_id": rid})
 
         return await ctx.guarded(request, "v1_infer", work)

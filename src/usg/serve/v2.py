@@ -256,7 +256,9 @@ def routes(ctx: ServeContext) -> list[Route]:
             body = await read_body(request, ctx.config.max_body_bytes)
             raw, header = parse_v2_request(graph, body, request.headers.get("inference-header-content-length"))
             wants = _wants(header, graph)
-            result = await ctx.infer(raw, rid)
+            params = [(t.get("name"), t.get("parameters")) for t in header.get("inputs") or [] if isinstance(t, dict)]
+            expected = {str(n): p["sha256"] for n, p in params if isinstance(p, dict) and "sha256" in p}
+            result = await ctx.infer(raw, rid, expected or None)
             tensors = []
             for name, binary in wants:
                 if name not in result.outputs:
@@ -267,7 +269,12 @@ def routes(ctx: ServeContext) -> list[Route]:
                 "model_name": graph.name,
                 "model_version": VERSION,
                 "id": str(header.get("id", rid)),
-                "parameters": {"pruned_nodes": ",".join(result.pruned_nodes), "request_id": rid},
+                "parameters": {
+                    "pruned_nodes": ",".join(result.pruned_nodes),
+                    "request_id": rid,
+                    # OIP parameter values are scalars: "image=sha256:<hex>,text=sha256:<hex>"
+                    "integrity": ",".join(f"{k}={v}" for k, v in sorted(result.integrity.items())),
+                },
             }
             content, header_len = encode_response(head, tensors)
             if header_len is None:
