@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("redis")
-from procs import free_port  # noqa: E402
+from procs import free_port
 
-from usg.graph import load_graph  # noqa: E402
-from usg.runtime import Executor  # noqa: E402
+from usg.graph import load_graph
+from usg.runtime import Executor
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 
