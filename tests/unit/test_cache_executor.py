@@ -231,3 +231,28 @@ def test_uncacheable_outputs_are_counted_and_the_request_still_answers():
             node_cache.encode = original
         assert ex.cache.stats["emb"].uncacheable == 1
     np.testing.assert_array_equal(r.outputs["y"], [[6.0]])
+
+
+def test_a_leader_that_times_out_releases_its_key_and_a_follower_that_times_out_changes_nothing():
+    from usg.errors import RequestTimeout
+
+    fake = Counting(delay_s=0.3)
+
+    async def main():
+        async with Executor(graph(), backends={"m": fake}) as ex:
+            leader = asyncio.create_task(ex.infer({"text": "slow"}, timeout_s=0.05))
+            await asyncio.sleep(0)
+            follower = asyncio.create_task(ex.infer({"text": "slow"}, timeout_s=5))
+            impatient = asyncio.create_task(ex.infer({"text": "slow"}, timeout_s=0.01))
+            with pytest.raises(RequestTimeout):
+                await leader
+            with pytest.raises(RequestTimeout):
+                await impatient
+            r = await follower  # the leader gave up: the follower computed the node itself
+            again = await ex.infer({"text": "slow"})
+            return r, again, ex.cache.stats["emb"], ex.cache._inflight
+
+    r, again, stats, inflight = asyncio.run(main())
+    np.testing.assert_array_equal(r.outputs["y"], [[8.0]])
+    np.testing.assert_array_equal(again.outputs["y"], [[8.0]])
+    assert stats.hits == 1 and inflight == {}

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import struct
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,17 @@ def input_digest(d: InputDef, value: Any) -> str:
     return canonical_digest(value)
 
 
+@cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
 def fn_identity(fn: str) -> str:
     """``module:function`` plus the version of the distribution that ships the module, or the
     digest of the module's file when no installed distribution does."""
     module = fn.partition(":")[0]
     top = module.partition(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top) or []
+    dists = _distributions().get(top) or []
     if dists:
         try:
             return f"{fn}@{dists[0]}=={importlib.metadata.version(dists[0])}"

@@ -124,27 +124,31 @@ class NodeCache:
             else:
                 self._inflight[keys[name]] = loop.create_future()
                 plan.led[name] = keys[name]
-        led = list(plan.led)
-        found = await asyncio.gather(*(self._lookup(n, keys[n]) for n in led))
-        raw: dict[str, bytes] = {}
-        for name, (value, data) in zip(led, found, strict=True):
-            if value is not _MISS:
-                plan.hits[name], raw[name] = value, data
-        for name, fut in followed.items():
-            t0 = time.perf_counter()
-            value = await asyncio.shield(fut)
-            if value is not _MISS:
-                value = self._decode(name, keys[name], value)
-            if value is _MISS:
-                self.stats[name].misses += 1
-                self._event(name, "miss", time.perf_counter() - t0)
-            else:
-                self.stats[name].coalesced += 1
-                self._event(name, "coalesced", time.perf_counter() - t0)
-                plan.hits[name] = value
-        plan.skip = self._not_needed(active, plan.hits)
-        for name in [n for n in plan.led if n in plan.hits or n in plan.skip]:
-            self._release(plan, name, raw.get(name))  # a hit goes to the followers as well
+        try:
+            led = list(plan.led)
+            found = await asyncio.gather(*(self._lookup(n, keys[n]) for n in led))
+            raw: dict[str, bytes] = {}
+            for name, (value, data) in zip(led, found, strict=True):
+                if value is not _MISS:
+                    plan.hits[name], raw[name] = value, data
+            for name, fut in followed.items():
+                t0 = time.perf_counter()
+                value = await asyncio.shield(fut)
+                if value is not _MISS:
+                    value = self._decode(name, keys[name], value)
+                if value is _MISS:
+                    self.stats[name].misses += 1
+                    self._event(name, "miss", time.perf_counter() - t0)
+                else:
+                    self.stats[name].coalesced += 1
+                    self._event(name, "coalesced", time.perf_counter() - t0)
+                    plan.hits[name] = value
+            plan.skip = self._not_needed(active, plan.hits)
+            for name in [n for n in plan.led if n in plan.hits or n in plan.skip]:
+                self._release(plan, name, raw.get(name))  # a hit goes to the followers as well
+        except BaseException:  # cancelled or failed while looking up: release what this request claimed
+            self.finish(plan)
+            raise
         return plan
 
     async def _lookup(self, name: str, key: str) -> tuple[Any, bytes]:
