@@ -73,10 +73,29 @@ async def drive(ex: Executor, reqs: list[bytes], clients: int) -> tuple[float, l
     return time.perf_counter() - t0, results
 
 
-def same(a: Any, b: Any) -> bool:
-    if a.outputs["lines"] != b.outputs["lines"]:
-        return False
-    return bool(np.array_equal(a.outputs["ocr_embedding"], b.outputs["ocr_embedding"]))
+def compare(reqs: list[bytes], off: list[Any], on: list[Any]) -> str:
+    """Lines equal request by request; embedding differences vs the uncached run (batch
+    composition differs between runs); a cached answer bit-identical to the first answer
+    for the same document in the cached run."""
+    lines_equal = sum(a.outputs["lines"] == b.outputs["lines"] for a, b in zip(off, on, strict=True))
+    diff = max(
+        float(np.max(np.abs(a.outputs["ocr_embedding"] - b.outputs["ocr_embedding"])))
+        for a, b in zip(off, on, strict=True)
+        if "ocr_embedding" in a.outputs
+    )
+    first: dict[bytes, Any] = {}
+    repeats_identical = True
+    for doc, r in zip(reqs, on, strict=True):
+        if doc in first:
+            f = first[doc]
+            same = f.outputs["lines"] == r.outputs["lines"]
+            repeats_identical &= same and bool(np.array_equal(f.outputs["ocr_embedding"], r.outputs["ocr_embedding"]))
+        else:
+            first[doc] = r
+    return (
+        f"lines equal to the uncached run: {lines_equal}/{len(reqs)}; max |ocr_embedding diff| vs uncached "
+        f"{diff:.2e}; repeats bit-identical to the first answer in the cached run: {repeats_identical}"
+    )
 
 
 async def hit_latency(ex: Executor, doc: bytes, n: int = 30) -> tuple[float, float]:
@@ -141,10 +160,10 @@ async def main(args: argparse.Namespace) -> None:
         assert ex.cache is not None
         identities = ex.cache.identities
         active, _ = ex.plan({"image"})
-    identical = all(same(a, b) for a, b in zip(off, on, strict=True))
     print(f"cache off: {len(reqs) / off_s:.2f} req/s ({off_s:.1f} s)")
     print(f"cache on:  {len(reqs) / on_s:.2f} req/s ({on_s:.1f} s)   ratio on/off: {off_s / on_s:.2f}x")
-    print(f"outputs identical request by request: {identical}   (hits+coalesced, misses) per node: {hits}")
+    print(compare(reqs, off, on))
+    print(f"(hits + coalesced, misses) per node: {hits}")
     print(
         f"memory hit: request p50 {mem_req_ms:.2f} ms (includes image decode), lines cache step p50 {mem_hit_ms:.3f} ms"
     )
