@@ -94,14 +94,14 @@ async def bench_minilm(duration: float, clients: int = 32) -> None:
     graph = load_graph(GRAPH, export_missing=True)
     inputs = [{"text": t} for t in TEXTS]
     rows = []
-    async with Executor(graph) as ex:
+    async with Executor(graph, cache=False) as ex:
         done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=2)
         rows.append(row("USG (dynamic batching)", done, lat, d))
     # baseline: the same graph, no batching, one request at a time through the model
     unbatched = replace(
         graph, models={k: replace(m, options={**m.options, "concurrency": 1}) for k, m in graph.models.items()}
     )
-    async with Executor(unbatched, batching=False) as ex:
+    async with Executor(unbatched, batching=False, cache=False) as ex:
         done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=2)
         rows.append(row("same model, one request at a time", done, lat, d))
     print_table(f"A. MiniLM text embedding, {clients} concurrent clients, {duration:g} s", rows)
@@ -137,7 +137,7 @@ async def bench_ocr(duration: float, clients: int = 8) -> None:
     docs = documents()
     inputs = [{"image": d} for d in docs]
     rows = []
-    async with Executor(graph) as ex:
+    async with Executor(graph, cache=False) as ex:
         usg_text = [[ln["text"] for ln in (await ex.infer(i)).outputs["lines"]] for i in inputs]
         done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=3)
         rows.append(row("USG document-OCR graph", done, lat, d))

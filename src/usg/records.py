@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchEvent", "ItemTiming", "NodeEvent"]
+__all__ = ["BatchEvent", "CacheEvent", "ItemTiming", "NodeEvent"]
 
 
 @dataclass
@@ -48,3 +48,17 @@ class NodeEvent:
     compute_ms: float
     items: int
     ok: bool
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One node-cache step: ``outcome`` is hit | miss | coalesced (served by a concurrent
+    identical request) | store | error (a value that did not decode, or a store fault)."""
+
+    node: str
+    store: str  # "memory" | "redis"
+    outcome: str
+    seconds: float  # hit: lookup + decode; store: encode + write
+    nbytes: int = 0
+    bytes_held: int = 0  # the store's size after the step (memory store; 0 for redis)
+    evictions: int = 0  # the store's evictions so far

@@ -58,7 +58,9 @@ def executor():
         ),
         export_missing=True,
     )
-    ex = Executor(graph)
+    # the models against their references, every node running (tests/integration/test_cache_document_ocr.py
+    # checks the graph's default cache answers the same)
+    ex = Executor(graph, cache=False)
     ex.start_sync()
     yield ex
     ex.close()

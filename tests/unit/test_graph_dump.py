@@ -18,6 +18,7 @@ inputs:
   text: {modality: text, optional: true}
   x: {modality: tensor, dtype: float32, shape: [1, N], range: [0, 1]}
 limits: {max_image_pixels: 1000}
+cache: {backend: memory, max_bytes: 1000, ttl_s: 5, default: true}
 models:
   m:
     backend: python
@@ -33,8 +34,8 @@ models:
       max_pad_waste: 0.5
       pad: {axes: {x: [1]}, buckets: [16, 32], multiple: 8, value: {x: -1}, trim: {y: {1: "x:1/1"}}}
 nodes:
-  up: {fn: "testops:upper", inputs: {text: inputs.text}}
-  split: {fn: "testops:split_rows", inputs: {x: inputs.x}, options: {parts: 2}}
+  up: {fn: "testops:upper", inputs: {text: inputs.text}, cache: {ttl_s: 9}}
+  split: {fn: "testops:split_rows", inputs: {x: inputs.x}, options: {parts: 2}, cache: false}
   dbl: {model: m, map: [x], inputs: {x: split.items}}
 outputs: {upper: up.text, y: dbl.y, raw: inputs.x}
 deploy:
@@ -59,6 +60,7 @@ def _same(a: Graph, b: Graph) -> None:
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     g = _load(tmp_path, "g.yaml", GRAPH)
     assert g.models["m"].batch.pad is not None and g.deploy.nodes  # the fixture sets every part
+    assert g.nodes["up"].cache.ttl_s == 9 and g.nodes["split"].cache is None and g.nodes["dbl"].cache is not None
     again = _load(tmp_path, "again.yaml", yaml.safe_dump(graph_to_mapping(g), sort_keys=False))
     _same(g, again)
 

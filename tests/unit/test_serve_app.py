@@ -99,7 +99,7 @@ def test_v1_json_text_returns_the_usg_run_json_keys_and_a_request_id(client: Tes
     r = client.post("/v1/infer", json={"inputs": {"text": "abc"}})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"outputs", "pruned_nodes", "node_ms", "request_id"}
+    assert set(body) == {"outputs", "pruned_nodes", "node_ms", "integrity", "request_id"}
     assert body["outputs"] == {"upper": "ABC", "n2": [[6.0]]}
     assert body["pruned_nodes"] == ["shape", "dblx"]
     assert r.headers["x-request-id"] == body["request_id"]

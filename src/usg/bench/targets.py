@@ -25,13 +25,16 @@ class InProcessTarget:
     one request at a time, one backend call per item.
     """
 
-    def __init__(self, graph: Graph, *, name: str = "usg", batching: bool = True, gate: int | None = None) -> None:
+    def __init__(
+        self, graph: Graph, *, name: str = "usg", batching: bool = True, gate: int | None = None, cache: bool = False
+    ) -> None:
         from usg.runtime import Executor
 
         self.name = name
         self.graph = graph
         self.observer = BreakdownObserver()
-        self.executor = Executor(graph, batching=batching, observers=[self.observer])
+        # the node cache is off unless asked: cycling over a few samples would measure cache hits
+        self.executor = Executor(graph, batching=batching, observers=[self.observer], cache=cache)
         self._gate_size = gate
         self._gate: asyncio.Semaphore | None = None
 

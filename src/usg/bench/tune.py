@@ -183,7 +183,7 @@ def capture_items(graph: Graph, samples: Sequence[Sample]) -> tuple[dict[str, li
     recorders = {n: RecordingBackend(backend_for(m)) for n, m in graph.models.items() if m.backend == "onnxruntime"}
 
     async def go() -> None:
-        async with Executor(graph, batching=False, backends=recorders) as ex:
+        async with Executor(graph, batching=False, backends=recorders, cache=False) as ex:  # every item recorded
             for s in samples:
                 await ex.infer(s.inputs())
 

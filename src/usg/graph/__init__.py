@@ -46,5 +46,14 @@ def load_graph(path: str | Path, *, export_missing: bool = False, log: Callable[
     if export_missing and not problems and export is not None:
         export(g.models.values(), log)
     return validate_graph(
-        g.name, g.inputs, g.models, g.nodes, g.outputs, source=p, limits=g.limits, problems=problems, deploy=deploy
+        g.name,
+        g.inputs,
+        g.models,
+        g.nodes,
+        g.outputs,
+        source=p,
+        limits=g.limits,
+        problems=problems,
+        deploy=deploy,
+        cache=g.cache,
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.cache import parse_cache, resolve_node_cache
 from usg.graph.deploy import parse_deploy
 from usg.graph.limits import parse_limits
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
@@ -36,6 +38,8 @@ class GraphBuilder:
         self._outputs: dict[str, Ref] = {}
         self._limits: dict[str, Any] = {}
         self._deploy: dict[str, Any] | None = None
+        self._cache: dict[str, Any] | None = None
+        self._node_cache: dict[str, Any] = {}
         self._problems: list[GraphProblem] = []
 
     def _ref(self, where: str, text: str) -> Ref:
@@ -88,6 +92,7 @@ class GraphBuilder:
         fn: str | None = None,
         map: bool | str | list[str] = False,
         options: Mapping[str, Any] | None = None,
+        cache: bool | Mapping[str, Any] | None = None,
     ) -> GraphBuilder:
         refs = {p: self._ref(f"nodes.{name}.inputs.{p}", r) for p, r in inputs.items()}
         if (model is None) == (fn is None):
@@ -106,6 +111,8 @@ class GraphBuilder:
         elif isinstance(map, list):
             ports = tuple(map)
         self._nodes[name] = NodeDef(name, refs, model, fn, ports, dict(options or {}))
+        if cache is not None:
+            self._node_cache[name] = cache
         return self
 
     def output(self, name: str, ref: str) -> GraphBuilder:
@@ -122,8 +129,23 @@ class GraphBuilder:
         self._limits.update(limits)
         return self
 
+    def cache(self, **settings: Any) -> GraphBuilder:
+        """Set the graph-level ``cache:`` section (see :mod:`usg.graph.cache`), e.g. ``.cache(default=True)``."""
+        self._cache = dict(settings)
+        return self
+
     def build(self) -> Graph:
         problems = list(self._problems)
+        graph_cache, cache_problems = parse_cache(self._cache)
+        problems += cache_problems
+        for name, raw in self._node_cache.items():
+            spec, node_problems = resolve_node_cache(name, raw, graph_cache)
+            problems += node_problems
+            self._nodes[name] = dataclasses.replace(self._nodes[name], cache=spec)
+        if graph_cache is not None and graph_cache.default:
+            for name, node in self._nodes.items():
+                if name not in self._node_cache:
+                    self._nodes[name] = dataclasses.replace(node, cache=resolve_node_cache(name, None, graph_cache)[0])
         if not self._outputs:
             problems.append(GraphProblem("outputs", "the graph declares no outputs", "call .output(NAME, 'NODE.PORT')"))
         deploy, deploy_problems = parse_deploy(self._deploy, self._models, self._nodes)
@@ -138,4 +160,5 @@ class GraphBuilder:
             limits=limits,
             problems=problems + deploy_problems,
             deploy=deploy,
+            cache=graph_cache,
         )

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from usg.graph.cache import CacheSpec
 from usg.graph.deploy import DeployPolicy, DeploySpec
 from usg.graph.model import BatchPolicy, Graph, ModelDef, PadPolicy
 
@@ -81,6 +82,13 @@ def _deploy(d: DeploySpec) -> dict[str, Any]:
     return out
 
 
+def _cache(spec: CacheSpec, *, graph_level: bool) -> dict[str, Any]:
+    out = {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}
+    if not graph_level:
+        out.pop("default")
+    return out
+
+
 def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The graph's YAML mapping; ``model_paths`` replaces the paths of the named models
     (other paths are written absolute, as the loader resolved them)."""
@@ -106,11 +114,17 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
             node["map"] = list(n.map)
         if n.options:
             node["options"] = dict(n.options)
+        if n.cache is not None:
+            node["cache"] = _cache(n.cache, graph_level=False)
+        elif graph.cache is not None and graph.cache.default:
+            node["cache"] = False
         nodes[name] = node
     doc: dict[str, Any] = {"name": graph.name, "inputs": inputs, "models": models, "nodes": nodes}
     doc["outputs"] = {o: str(r) for o, r in graph.outputs.items()}
     if graph.limits.declared():
         doc["limits"] = graph.limits.declared()
+    if graph.cache is not None:
+        doc["cache"] = _cache(graph.cache, graph_level=True)
     deploy = _deploy(graph.deploy)
     if deploy:
         doc["deploy"] = deploy

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from usg.errors import GraphError, GraphProblem
+from usg.graph.cache import CacheSpec, parse_cache, resolve_node_cache
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.paths import PathResolutionError, resolve_path
@@ -17,7 +18,7 @@ from usg.specs import Modality, TensorSpec
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
-_TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor"}
+_TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor", "cache"}
 _INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
 _MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
 _BATCH_KEYS = {
@@ -31,7 +32,7 @@ _BATCH_KEYS = {
     "max_pad_waste",
 }
 _PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
-_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description"}
+_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache"}
 
 
 class _Collector:
@@ -243,6 +244,7 @@ class ParsedGraph:
     nodes: dict[str, NodeDef] = field(default_factory=dict)
     outputs: dict[str, Ref] = field(default_factory=dict)
     limits: GraphLimits = field(default_factory=GraphLimits)
+    cache: CacheSpec | None = None
     problems: list[GraphProblem] = field(default_factory=list)
 
 
@@ -294,7 +296,7 @@ def _model(c: _Collector, mname: str, mdata: Any, base_dir: Path | None) -> Mode
     )
 
 
-def _node(c: _Collector, nname: str, ndata: Any) -> NodeDef:
+def _node(c: _Collector, nname: str, ndata: Any, cache: CacheSpec | None = None) -> NodeDef:
     where = f"nodes.{nname}"
     ndata = _mapping(c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}")
     c.unknown_keys(where, ndata, _NODE_KEYS)
@@ -313,6 +315,8 @@ def _node(c: _Collector, nname: str, ndata: Any) -> NodeDef:
             "a node needs exactly one of 'model' or 'fn'",
             "write model: MODEL_NAME (from models:) or fn: package.module:function",
         )
+    node_cache, cache_problems = resolve_node_cache(nname, ndata.get("cache"), cache)
+    c.problems.extend(cache_problems)
     return NodeDef(
         name=nname,
         inputs=refs,
@@ -320,6 +324,7 @@ def _node(c: _Collector, nname: str, ndata: Any) -> NodeDef:
         fn=None if fn is None else str(fn),
         map=_map_ports(c, f"{where}.map", ndata.get("map"), list(refs)),
         options=_mapping(c, f"{where}.options", ndata.get("options"), "write options: {KEY: VALUE}"),
+        cache=node_cache,
     )
 
 
@@ -344,7 +349,9 @@ def parse_graph(data: Mapping[str, Any], base_dir: Path | None, source: str | No
     models = _mapping(c, "models", data.get("models"), "write models: {NAME: {backend: ..., path: ...}}")
     parsed.models = {str(m): _model(c, str(m), d, base_dir) for m, d in models.items()}
     nodes = _mapping(c, "nodes", data.get("nodes"), "write nodes: {NAME: {model: M, inputs: {...}}}")
-    parsed.nodes = {str(n): _node(c, str(n), d) for n, d in nodes.items()}
+    parsed.cache, cache_problems = parse_cache(data.get("cache"))
+    c.problems.extend(cache_problems)
+    parsed.nodes = {str(n): _node(c, str(n), d, parsed.cache) for n, d in nodes.items()}
     parsed.outputs = _outputs(c, data.get("outputs"))
     parsed.limits, limit_problems = parse_limits(data.get("limits"))
     parsed.problems = c.problems + limit_problems

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from usg.graph.cache import CacheSpec
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
 from usg.specs import Modality, TensorSpec
@@ -146,6 +147,8 @@ class NodeDef:
     fn: str | None = None
     map: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    # where the node's results are cached (None: not cached); see usg.graph.cache
+    cache: CacheSpec | None = None
 
     @property
     def kind(self) -> str:
@@ -166,6 +169,8 @@ class Graph:
     limits: GraphLimits = field(default_factory=GraphLimits)
     # replicas / autoscaling / resources for the scale-out engines (Ray Serve, Triton export)
     deploy: DeploySpec = field(default_factory=DeploySpec)
+    # the graph-level ``cache:`` section (None: absent); nodes carry their resolved spec
+    cache: CacheSpec | None = None
 
     def upstream(self, node: str) -> set[str]:
         return {r.source for r in self.nodes[node].inputs.values() if not r.is_graph_input}

@@ -14,6 +14,7 @@ from typing import Any
 
 from usg.callables import import_callable
 from usg.errors import GraphError, GraphProblem
+from usg.graph.cache import CacheSpec
 from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
@@ -308,6 +309,7 @@ def validate_graph(
     limits: GraphLimits | None = None,
     problems: list[GraphProblem] | None = None,
     deploy: DeploySpec | None = None,
+    cache: CacheSpec | None = None,
 ) -> Graph:
     """Validate the parts and return a :class:`Graph`, or raise one GraphError listing every problem."""
     v = _Validator(name, inputs, models, nodes, outputs)
@@ -327,4 +329,5 @@ def validate_graph(
         order=tuple(order),
         limits=limits or GraphLimits(),
         deploy=deploy or DeploySpec(),
+        cache=cache,
     )

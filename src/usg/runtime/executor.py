@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from usg.backends import Backend
+from usg.cache import NodeCache, check_expected, digest_inputs
+from usg.cache.node_cache import CacheBegin
 from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import OUT_ALIAS, Graph, NodeDef, model_output, wireable_outputs
-from usg.records import ItemTiming, NodeEvent
+from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs, model_input_specs
 from usg.runtime.inputs import normalize_inputs
 from usg.runtime.loop_thread import LoopThread
@@ -54,6 +56,7 @@ class _Request:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     node_ms: dict[str, float] = field(default_factory=dict)
+    cache: CacheBegin | None = None
 
     def node_args(self, node: NodeDef) -> dict[str, Any] | None:
         """The node's inputs by port, or None when one is absent (its branch is skipped)."""
@@ -127,6 +130,7 @@ class Executor:
     keyword arguments as the node's function; the Ray engine passes callables that run the
     node in its own deployment). ``batching=False`` forces one backend call per item even
     where the graph declares a batch policy. ``timeout_s`` is the default per-request deadline.
+    ``cache=False`` ignores the graph's ``cache:`` settings (no node is cached).
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class Executor:
         batching: bool = True,
         workers: int | None = None,
         observers: Sequence[Observer] = (),
+        cache: bool = True,
     ) -> None:
         self.graph = graph
         self.timeout_s = timeout_s
@@ -163,6 +168,8 @@ class Executor:
         self._sync = LoopThread()
         self._inflight = 0
         self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
+        node_cache = NodeCache(graph, self._cache_event, _EmptyFanOut) if cache else None
+        self.cache = node_cache if node_cache is not None and node_cache.enabled else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,6 +183,8 @@ class Executor:
             if name not in self._backends:
                 self._backends[name] = backend_for(model)
         await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
+        if self.cache is not None:  # hashes model files once
+            await loop.run_in_executor(self._pool, self.cache.prepare)
         for name, model in self.graph.models.items():
             backend = self._backends[name]
             self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
@@ -221,6 +230,8 @@ class Executor:
             await runner.stop()
         for backend in self._backends.values():
             backend.close()
+        if self.cache is not None:
+            await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.state = ExecutorState.CLOSED
 
@@ -247,10 +258,25 @@ class Executor:
             cached = self._plans[key] = plan_request(self.graph, present)
         return cached
 
+    def _cache_event(self, event: CacheEvent) -> None:
+        for obs in self.observers:
+            obs.cache_event(event)
+
+    def _prepare_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        return normalize_inputs(self.graph, inputs), digest_inputs(self.graph, inputs)
+
     async def infer(
-        self, inputs: Mapping[str, Any], *, timeout_s: float | None = None, request_id: str | None = None
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        expect_sha256: Mapping[str, str] | None = None,
     ) -> InferResult:
-        """Run one request. Absent optional inputs prune the nodes that need them."""
+        """Run one request. Absent optional inputs prune the nodes that need them.
+
+        ``expect_sha256`` maps input names to the SHA-256 the client computed; a mismatch with
+        the input as received is an :class:`~usg.errors.InputError` naming both digests."""
         if self.state is ExecutorState.NEW:
             await self.start()
         if self.state is not ExecutorState.RUNNING:
@@ -264,9 +290,10 @@ class Executor:
         ):
             # decoding an image takes milliseconds: keep it off the event loop
             loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(self._pool, normalize_inputs, self.graph, inputs)
+            values, digests = await loop.run_in_executor(self._pool, self._prepare_inputs, inputs)
         else:
-            values = normalize_inputs(self.graph, inputs)
+            values, digests = self._prepare_inputs(inputs)
+        check_expected(digests, expect_sha256)
         modalities = sorted(self.graph.inputs[n].modality.value for n in values)
         for obs in self.observers:
             obs.request_started(rid, modalities)
@@ -278,7 +305,7 @@ class Executor:
             deadline = self.timeout_s if timeout_s is None else timeout_s
             try:
                 async with asyncio.timeout(deadline):
-                    result = await self._run(rid, values)
+                    result = await self._run(rid, values, digests)
             except TimeoutError:
                 status = "timeout"
                 raise RequestTimeout(
@@ -293,11 +320,16 @@ class Executor:
             for obs in self.observers:
                 obs.request_finished(rid, modalities, time.perf_counter() - t0, status, pruned)
 
-    async def _run(self, rid: str, values: dict[str, Any]) -> InferResult:
+    async def _run(self, rid: str, values: dict[str, Any], digests: dict[str, str]) -> InferResult:
         active, pruned = self.plan(set(values))
         state = _Request(rid, values)
+        if self.cache is not None:  # hits fill outputs; nodes only they needed do not run
+            state.cache = await self.cache.begin(active, digests)
+            state.outputs.update(state.cache.hits)
+        skip = state.cache.skip if state.cache is not None else set()
         for name in active:
-            state.tasks[name] = asyncio.create_task(self._run_node(state, name), name=f"{rid}:{name}")
+            if name not in skip:
+                state.tasks[name] = asyncio.create_task(self._run_node(state, name), name=f"{rid}:{name}")
         try:
             await asyncio.gather(*state.tasks.values())
         finally:
@@ -306,20 +338,26 @@ class Executor:
                     t.cancel()
             # let cancelled tasks finish so no "Task was destroyed" warnings leak
             await asyncio.gather(*state.tasks.values(), return_exceptions=True)
+            if self.cache is not None and state.cache is not None:
+                self.cache.finish(state.cache)
         for obs in self.observers:
             obs.request_values(rid, state.values, state.outputs)
-        skipped = [n for n in active if state.outputs.get(n) is None]
+        skipped = [n for n in state.tasks if state.outputs.get(n) is None]
         all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
-        return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid)
+        integrity = {n: f"sha256:{d}" for n, d in digests.items()}
+        return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid, integrity)
 
     async def _run_node(self, state: _Request, name: str) -> None:
         node = self.graph.nodes[name]
-        deps = [state.tasks[s] for s in {r.source for r in node.inputs.values() if not r.is_graph_input}]
+        sources = {r.source for r in node.inputs.values() if not r.is_graph_input}
+        deps = [state.tasks[s] for s in sources if s in state.tasks]  # a cache hit has no task
         if deps:
             await asyncio.gather(*deps)
         args = state.node_args(node)
         if args is None:  # an upstream was skipped, or said "nothing here": skip this branch
             state.outputs[name] = None
+            if self.cache is not None and state.cache is not None:
+                await self.cache.store(state.cache, name, None)
             return
         start = time.perf_counter()
         timing = ItemTiming()
@@ -331,6 +369,8 @@ class Executor:
             else:
                 state.outputs[name], items = await self._run_fn_node(node, args)
             ok = True
+            if self.cache is not None and state.cache is not None:
+                await self.cache.store(state.cache, name, state.outputs[name])
         finally:
             end = time.perf_counter()
             state.node_ms[name] = (end - start) * 1e3
@@ -420,9 +460,15 @@ class Executor:
     def start_sync(self) -> None:
         self._sync.run(self.start())
 
-    def infer_sync(self, inputs: Mapping[str, Any], *, timeout_s: float | None = None) -> InferResult:
+    def infer_sync(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        expect_sha256: Mapping[str, str] | None = None,
+    ) -> InferResult:
         """Blocking :meth:`infer` for scripts and the CLI (runs an event loop in a background thread)."""
-        return self._sync.run(self.infer(inputs, timeout_s=timeout_s))
+        return self._sync.run(self.infer(inputs, timeout_s=timeout_s, expect_sha256=expect_sha256))
 
     def close(self) -> None:
         """Blocking :meth:`aclose`; also stops the background loop of the sync facade."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from usg.records import BatchEvent, NodeEvent
+from usg.records import BatchEvent, CacheEvent, NodeEvent
 
-__all__ = ["NodeEvent", "Observer"]
+__all__ = ["CacheEvent", "NodeEvent", "Observer"]
 
 
 class Observer:
@@ -28,6 +28,9 @@ class Observer:
     ) -> None:
         """A request's decoded inputs and every node's outputs (None: skipped), before the result is built.
         Read-only: do not mutate or copy here (the drift monitor queues references for a worker thread)."""
+
+    def cache_event(self, event: CacheEvent) -> None:
+        """A cached node was looked up, served or stored (see :class:`usg.records.CacheEvent`)."""
         return None
 
     def request_finished(

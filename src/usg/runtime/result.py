@@ -33,10 +33,14 @@ class InferResult:
     pruned_nodes: list[str] = field(default_factory=list)
     node_ms: dict[str, float] = field(default_factory=dict)
     request_id: str = ""
+    # "sha256:<hex>" of each graph input as received (its bytes; a text's UTF-8; an array's
+    # dtype, shape and bytes) — what the client can check it sent
+    integrity: dict[str, str] = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "outputs": to_jsonable(self.outputs),
             "pruned_nodes": list(self.pruned_nodes),
             "node_ms": {k: round(v, 3) for k, v in self.node_ms.items()},
+            "integrity": dict(self.integrity),
         }

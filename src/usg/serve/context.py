@@ -165,11 +165,16 @@ class ServeContext:
         finally:
             self.receiving.release(reserve)
 
-    async def infer(self, raw: Mapping[str, Any], request_id: str) -> InferResult:
-        """Run the graph (the executor decodes encoded images off the event loop)."""
+    async def infer(
+        self, raw: Mapping[str, Any], request_id: str, expect_sha256: Mapping[str, str] | None = None
+    ) -> InferResult:
+        """Run the graph (the executor decodes encoded images off the event loop); ``expect_sha256``:
+        the digests a client sent for its inputs (a mismatch is a 400 naming both)."""
         for addon in self.addons:
             addon.note_raw(request_id, raw)
-        return await self.executor.infer(raw, request_id=request_id, timeout_s=self.config.timeout_s)
+        return await self.executor.infer(
+            raw, request_id=request_id, timeout_s=self.config.timeout_s, expect_sha256=expect_sha256
+        )
 
     def count(self, request: Request, exc: USGError | None, status: int) -> None:
         """Metrics of one answered request (the error handlers call it for refusals)."""

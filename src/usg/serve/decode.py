@@ -13,12 +13,21 @@ import binascii
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from usg.errors import InputError, PayloadTooLarge, USGError
 
-__all__ = ["DEFAULT_FIX", "MAX_INT_DIGITS", "b64_image", "check_depth", "load_json", "parsing", "safe_text"]
+__all__ = [
+    "DEFAULT_FIX",
+    "MAX_INT_DIGITS",
+    "b64_image",
+    "check_depth",
+    "expected_digests",
+    "load_json",
+    "parsing",
+    "safe_text",
+]
 
 log = logging.getLogger("usg.serve")
 
@@ -110,3 +119,20 @@ def parsing(what: str) -> Iterator[None]:
             field="body",
             fix="check the request against the protocol (GET /openapi.json describes /v1)",
         ) from None
+
+
+def expected_digests(items: Mapping[Any, Any]) -> dict[str, str]:
+    """The ``sha256`` a client sent per input (``{NAME: {"sha256": "<hex>", ...}}``), checked to be text."""
+    out: dict[str, str] = {}
+    for name, value in items.items():
+        if not isinstance(value, Mapping) or "sha256" not in value:
+            continue
+        digest = value["sha256"]
+        if not isinstance(digest, str) or not isinstance(name, str):
+            raise InputError(
+                f"{name}: sha256 must be the input's hex digest as a string, got {type(digest).__name__}",
+                field=str(name),
+                fix='send "sha256": "<64 hex digits>" (or "sha256:<hex>")',
+            )
+        out[name] = digest
+    return out

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from usg.runtime.observer import NodeEvent, Observer
+from usg.runtime.observer import CacheEvent, NodeEvent, Observer
 
 if TYPE_CHECKING:
     from usg.runtime.batcher import BatchEvent
@@ -114,6 +114,18 @@ class ServeMetrics(Observer):
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
         self._batched: set[str] = set()
+        self.cache_lookups = Counter(
+            "usg_cache_lookups",
+            "Node-cache steps: hit, miss, coalesced (served by a concurrent identical request), store, error.",
+            ["node", "outcome"],
+            registry=r,
+        )
+        self.cache_hit_seconds = Histogram(
+            "usg_cache_hit_seconds", "Lookup + decode time of a node-cache hit.", ["node"], buckets=_FAST, registry=r
+        )
+        self.cache_bytes = Gauge("usg_cache_bytes", "Bytes a node-cache store holds (memory).", ["store"], registry=r)
+        self.cache_evictions = Counter("usg_cache_evictions", "Node-cache LRU evictions.", ["store"], registry=r)
+        self._evictions_seen: dict[str, int] = {}
 
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
         """Learn which models batch (their queue/compute come from batch events) and export queue depth."""
@@ -155,6 +167,16 @@ class ServeMetrics(Observer):
             self.padded_elements.labels(model).inc(event.padded_elements)
             waste = (event.padded_elements - event.real_elements) / event.padded_elements
             self.padding_ratio.labels(model).observe(max(0.0, waste))
+
+    def cache_event(self, event: CacheEvent) -> None:
+        self.cache_lookups.labels(event.node, event.outcome).inc()
+        if event.outcome == "hit":
+            self.cache_hit_seconds.labels(event.node).observe(event.seconds)
+        self.cache_bytes.labels(event.store).set(event.bytes_held)
+        seen = self._evictions_seen.get(event.store, 0)
+        if event.evictions > seen:
+            self.cache_evictions.labels(event.store).inc(event.evictions - seen)
+            self._evictions_seen[event.store] = event.evictions
 
     def request_finished(
         self, request_id: str, modalities: Sequence[str], seconds: float, status: str, pruned: Sequence[str]

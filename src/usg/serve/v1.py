@@ -24,7 +24,7 @@ from starlette.types import Message
 from usg.errors import InputError
 from usg.graph import Graph
 from usg.serve.context import ServeContext
-from usg.serve.decode import DEFAULT_FIX, b64_image, load_json, parsing
+from usg.serve.decode import DEFAULT_FIX, b64_image, expected_digests, load_json, parsing
 from usg.serve.limits import DEFAULT_MAX_NESTING_DEPTH
 from usg.specs import Modality
 
@@ -88,8 +88,14 @@ def _convert(graph: Graph, name: str, value: Any) -> Any:
     return _tensor(graph, name, value)
 
 
-def parse_json_inputs(graph: Graph, body: bytes, *, max_depth: int = DEFAULT_MAX_NESTING_DEPTH) -> dict[str, Any]:
-    """``{"inputs": {...}}`` → executor inputs."""
+def parse_json_inputs(
+    graph: Graph,
+    body: bytes,
+    *,
+    max_depth: int = DEFAULT_MAX_NESTING_DEPTH,
+    expected: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``{"inputs": {...}}`` → executor inputs; ``{"b64": ..., "sha256": ...}`` digests go to ``expected``."""
     doc = load_json(body, max_depth=max_depth, fix=DEFAULT_FIX)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         got = type(doc.get("inputs")).__name__ if isinstance(doc, dict) else type(doc).__name__
@@ -98,6 +104,8 @@ def parse_json_inputs(graph: Graph, body: bytes, *, max_depth: int = DEFAULT_MAX
             field="inputs",
             fix=f'send {{"inputs": {{NAME: VALUE}}}} with NAME one of {", ".join(sorted(graph.inputs))}',
         )
+    if expected is not None:
+        expected.update(expected_digests(doc["inputs"]))
     return {k: _convert(graph, k, v) for k, v in doc["inputs"].items()}
 
 
@@ -133,7 +141,9 @@ async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict
     return {k: _convert(graph, k, v) for k, v in raw.items()}
 
 
-async def parse_request(ctx: ServeContext, request: Request, body: bytes) -> dict[str, Any]:
+async def parse_request(
+    ctx: ServeContext, request: Request, body: bytes, expected: dict[str, str] | None = None
+) -> dict[str, Any]:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json" and media not in _FORMS:
         raise InputError(
@@ -143,7 +153,7 @@ async def parse_request(ctx: ServeContext, request: Request, body: bytes) -> dic
         )
     with parsing("the /v1 request"):
         if media == "application/json":
-            return parse_json_inputs(ctx.graph, body, max_depth=ctx.limits.max_nesting_depth)
+            return parse_json_inputs(ctx.graph, body, max_depth=ctx.limits.max_nesting_depth, expected=expected)
         return await parse_form_inputs(ctx.graph, request, body)
 
 
@@ -151,8 +161,9 @@ def routes(ctx: ServeContext) -> list[Route]:
     """The ``/v1`` routes (mounted under ``/v1`` with the v1 error formatter)."""
 
     async def work(request: Request, rid: str, body: bytes) -> Response:
-        raw = await parse_request(ctx, request, body)
-        result = await ctx.infer(raw, rid)
+        expected: dict[str, str] = {}
+        raw = await parse_request(ctx, request, body, expected)
+        result = await ctx.infer(raw, rid, expected or None)
         return JSONResponse({**result.to_json_dict(), "request_id": rid})
 
     return [Route("/infer", ctx.endpoint("v1_infer", work), methods=["POST"])]

@@ -27,7 +27,7 @@ from usg.graph import Graph
 from usg.serve import oip
 from usg.serve.binary import decode_tensor, encode_response, split_body
 from usg.serve.context import ServeContext
-from usg.serve.decode import parsing, safe_text
+from usg.serve.decode import expected_digests, parsing, safe_text
 from usg.serve.limits import DEFAULT_MAX_NESTING_DEPTH
 from usg.serve.oip import VERSION, graph_metadata, graph_value, to_v2_output
 
@@ -145,7 +145,10 @@ def routes(ctx: ServeContext) -> list[Route]:
             header_length = request.headers.get("inference-header-content-length")
             raw, header = parse_v2_request(graph, body, header_length, max_depth=ctx.limits.max_nesting_depth)
             wants = _wants(header, graph)
-        result = await ctx.infer(raw, rid)
+        expected = expected_digests(
+            {t.get("name"): t.get("parameters") for t in header.get("inputs") or [] if isinstance(t, dict)}
+        )
+        result = await ctx.infer(raw, rid, expected or None)
         tensors = []
         for name, binary in wants:
             if name not in result.outputs:
@@ -156,7 +159,12 @@ def routes(ctx: ServeContext) -> list[Route]:
             "model_name": graph.name,
             "model_version": VERSION,
             "id": safe_text(str(header.get("id", rid))),
-            "parameters": {"pruned_nodes": ",".join(result.pruned_nodes), "request_id": rid},
+            "parameters": {
+                "pruned_nodes": ",".join(result.pruned_nodes),
+                "request_id": rid,
+                # OIP parameter values are scalars: "image=sha256:<hex>,text=sha256:<hex>"
+                "integrity": ",".join(f"{k}={v}" for k, v in sorted(result.integrity.items())),
+            },
         }
         content, header_len = encode_response(head, tensors)
         if header_len is None:

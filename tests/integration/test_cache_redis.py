@@ -1,0 +1,167 @@
+"""The node cache on a real Redis (Debian's redis-server on a free 127.0.0.1 port): hits shared
+by executors and processes, TTL, a replaced model file, and Redis down (never a failed request)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("redis")
+from procs import free_port
+
+from usg.graph import load_graph
+from usg.runtime import Executor
+
+RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not answer PING within 10 s")
+
+
+class RedisServer:
+    def __init__(self, tmp: Path) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen([*args, "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        _wait_ready(self.port, self.proc)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+def write_graph(tmp_path: Path, url: str, *, ttl_s: float | None = None) -> Path:
+    model = tmp_path / "weights.bin"
+    if not model.exists():
+        model.write_bytes(b"weights v1")
+    ttl = f", ttl_s: {ttl_s}" if ttl_s else ""
+    path = tmp_path / "graph.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            name: cached
+            inputs: {{text: {{modality: text}}}}
+            cache: {{backend: redis, url: "{url}"{ttl}}}
+            models:
+              m: {{backend: python, path: {model}, options: {{callable: "testops:doubled"}}}}
+            nodes:
+              up:  {{fn: "testops:upper", inputs: {{text: inputs.text}}, cache: true}}
+              len: {{fn: "testops:length", inputs: {{text: up.text}}}}
+              emb: {{model: m, inputs: {{x: len.n}}, cache: true}}
+            outputs: {{upper: up.text, y: emb.y}}
+            """
+        )
+    )
+    return path
+
+
+def run_once(path: Path, text: str) -> tuple[dict, dict]:
+    with Executor(load_graph(path)) as ex:
+        r = ex.infer_sync({"text": text})
+        stats = {n: (s.hits, s.misses, s.errors) for n, s in ex.cache.stats.items()}
+    return r.to_json_dict()["outputs"], stats
+
+
+def test_two_executors_share_hits_through_redis(redis_server, tmp_path):
+    path = write_graph(tmp_path, redis_server.url)
+    out1, stats1 = run_once(path, "hello")
+    out2, stats2 = run_once(path, "hello")
+    assert out1 == out2 == {"upper": "HELLO", "y": [[10.0]]}
+    assert stats1 == {"up": (0, 1, 0), "emb": (0, 1, 0)}
+    assert stats2 == {"up": (1, 0, 0), "emb": (1, 0, 0)}
+
+
+@pytest.mark.slow
+def test_another_process_gets_hits_from_what_this_one_stored(redis_server, tmp_path):
+    path = write_graph(tmp_path, redis_server.url)
+    run_once(path, "shared")
+    script = textwrap.dedent(
+        f"""\
+        import json, sys
+        sys.path.insert(0, {str(RESOURCES)!r})
+        from usg.graph import load_graph
+        from usg.runtime import Executor
+        with Executor(load_graph({str(path)!r})) as ex:
+            r = ex.infer_sync({{"text": "shared"}})
+            print(json.dumps({{n: s.hits for n, s in ex.cache.stats.items()}}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == '{"up": 1, "emb": 1}'
+
+
+def test_entries_expire_after_ttl(redis_server, tmp_path):
+    path = write_graph(tmp_path, redis_server.url, ttl_s=2)
+    with Executor(load_graph(path)) as ex:
+        ex.infer_sync({"text": "ttl"})
+        ex.infer_sync({"text": "ttl"})
+        assert ex.cache.stats["emb"].hits == 1
+        time.sleep(2.5)
+        ex.infer_sync({"text": "ttl"})
+        assert (ex.cache.stats["emb"].hits, ex.cache.stats["emb"].misses) == (1, 2)
+
+
+def test_a_replaced_model_file_is_a_miss_though_redis_holds_the_old_value(redis_server, tmp_path):
+    path = write_graph(tmp_path, redis_server.url)
+    run_once(path, "model")
+    (tmp_path / "weights.bin").write_bytes(b"weights v2 -- retrained")
+    _, stats = run_once(path, "model")
+    assert stats["emb"] == (0, 1, 0)  # another model digest: never served
+    assert stats["up"] == (1, 0, 0)  # the fn node does not depend on the model file
+
+
+def test_redis_down_the_node_computes_and_a_warning_counter_rises(redis_server, tmp_path, caplog):
+    path = write_graph(tmp_path, redis_server.url)
+    with Executor(load_graph(path)) as ex:
+        assert ex.infer_sync({"text": "up"}).outputs["upper"] == "UP"
+        redis_server.stop()
+        for store in ex.cache.stores.values():
+            store.retry_s = 0.0  # try Redis on every request (no rest after a fault)
+        r = ex.infer_sync({"text": "down"})
+        errors = sum(s.errors for s in ex.cache.stats.values())
+        faults = sum(st.stats.faults for st in ex.cache.stores.values())
+    assert r.outputs["upper"] == "DOWN" and r.outputs["y"].tolist() == [[8.0]]
+    assert errors >= 1 and faults >= 1
+    assert "redis" in caplog.text and "computing without the cache" in caplog.text
+
+
+def test_redis_never_started_is_a_miss_not_an_error(tmp_path):
+    path = write_graph(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    out, stats = run_once(path, "nobody")
+    assert out == {"upper": "NOBODY", "y": [[12.0]]}
+    assert stats["up"][2] >= 1
