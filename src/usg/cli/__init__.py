@@ -28,6 +28,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("usg.cli.plan_cmd:plan", "Size weights, KV cache and engine limits for LLM/VLM serving."),
     "bench": ("usg.cli.bench_cmd:bench", "Benchmark a graph or server against the alternatives."),
     "tune": ("usg.cli.bench_cmd:tune", "Profile models and choose batch sizes and threads."),
+    "quantize": ("usg.cli.quantize_cmd:quantize", "Quantize models to INT8/INT4, guarded on the graph's outputs."),
 }
 
 

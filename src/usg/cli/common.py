@@ -14,7 +14,7 @@ out_console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 
-def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
+def load_graph_for_cli(path: str | Path, *, tuned: bool = True, quantized: bool = True) -> Graph:
     """Load a graph for a command: export models it has an ``export:`` recipe for (spinner on stderr),
     and, with ``tuned``, merge the ``GRAPH.tuned.yaml`` that ``usg tune`` wrote next to it."""
     from usg.graph import load_graph
@@ -29,4 +29,11 @@ def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
         if sidecar.is_file():
             err_console.print(f"[dim]using tuned batch sizes and threads from {sidecar} (delete it to undo)[/]")
             graph = apply_sidecar(graph, sidecar)
+    if quantized:  # GRAPH.quant.yaml from `usg quantize`; commands pass quantized=False for --fp32
+        from usg.graph.sidecar import apply_quant_sidecar, quant_sidecar_path
+
+        qpath = quant_sidecar_path(p)
+        if qpath.is_file():
+            err_console.print(f"[dim]using quantized models from {qpath} (--fp32 ignores it)[/]")
+            graph = apply_quant_sidecar(graph, qpath)
     return graph

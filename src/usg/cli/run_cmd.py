@@ -102,9 +102,10 @@ def _render(result: InferResult) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Request deadline in seconds.")
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
-def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool) -> None:
+@click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
+def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool, fp32: bool) -> None:
     """Push inputs through a graph and print its outputs."""
-    graph = load_graph_for_cli(graph_path)
+    graph = load_graph_for_cli(graph_path, quantized=not fp32)
     values = parse_inputs(graph, inputs)
     executor = Executor(graph, batching=not no_batching, timeout_s=timeout)
     try:

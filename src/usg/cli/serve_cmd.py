@@ -81,6 +81,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`); embedded engine.")
 def serve(
     graph_path: str,
     host: str,
@@ -94,9 +95,12 @@ def serve(
     ray_address: str | None,
     deploy_timeout: float,
     log_level: str,
+    fp32: bool = False,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if engine == "ray":
+        if fp32:
+            raise UsageError("--fp32 applies to the embedded engine only; fix: move GRAPH.quant.yaml away for Ray")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -117,7 +121,7 @@ def serve(
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
     from usg.serve import create_app, make_tracer_provider
 
-    graph = load_graph_for_cli(graph_path)
+    graph = load_graph_for_cli(graph_path, quantized=not fp32)
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
     app = create_app(
         graph,
