@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from usg.backends.base import Backend, BackendState
 from usg.bench.samples import Sample
 from usg.errors import UsageError
 from usg.graph.model import Graph
 from usg.quantize.guard import Guard, GuardResult, default_guards, evaluate
 from usg.quantize.methods import QuantSettings, model_size_mb, quantize_model
 from usg.quantize.ranking import rank_nodes, rank_op_types
+from usg.specs import TensorSpec
 
 __all__ = [
     "ModelOutcome",
@@ -116,12 +118,49 @@ def split_samples(samples: Sequence[Sample], holdout: float) -> tuple[list[Sampl
     return [s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held]
 
 
-def run_outputs(graph: Graph, samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    """The graph's outputs per sample (no batching, so FP32 and quantized runs are comparable)."""
+class _KeepOpen(Backend):
+    """A loaded backend shared by the evaluations of one run: ``close`` is left to its owner."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__()
+        self.inner, self.kind, self.inline = inner, inner.kind, inner.inline
+        self.runs_inline = inner.runs_inline  # type: ignore[method-assign]
+
+    @property
+    def input_specs(self) -> Mapping[str, TensorSpec]:
+        return self.inner.input_specs
+
+    @property
+    def output_specs(self) -> Mapping[str, TensorSpec]:
+        return self.inner.output_specs
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        return self.inner.metadata
+
+    def load(self) -> None:
+        if self.inner.state is not BackendState.LOADED:
+            self.inner.load()
+        self.state = self.inner.state
+
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return self.inner.infer(inputs)
+
+    def close(self) -> None:
+        pass
+
+
+def run_outputs(
+    graph: Graph, samples: Sequence[Sample], backends: Mapping[str, Backend] | None = None
+) -> list[dict[str, Any]]:
+    """The graph's outputs per sample (no batching, so FP32 and quantized runs are comparable);
+    ``backends`` are already-loaded ones to reuse (they are not closed)."""
     from usg.runtime import Executor
 
+    shared = {n: _KeepOpen(b) for n, b in (backends or {}).items()}
+
     async def go() -> list[dict[str, Any]]:
-        async with Executor(graph, batching=False) as ex:
+        async with Executor(graph, batching=False, backends=shared) as ex:
             return [dict((await ex.infer(s.inputs())).outputs) for s in samples]
 
     return asyncio.run(go())
@@ -154,8 +193,8 @@ class _Search:
         self,
         graph: Graph,
         holdout: Sequence[Sample],
-        reference: Sequence[Mapping[str, Any]],
-        guards: Sequence[Guard],
+        reference: list[dict[str, Any]],
+        guards: list[Guard],
         items: Mapping[str, Sequence[Mapping[str, Any]]],
         work: Path,
         config: QuantizeConfig,
@@ -164,10 +203,20 @@ class _Search:
         self.graph, self.holdout, self.reference, self.guards = graph, holdout, reference, guards
         self.items, self.work, self.config, self.log = items, work, config, log
         self.trials = 0
+        self.fp32: dict[str, Backend] = {}  # loaded once, shared by every evaluation
+
+    def shared(self, files: Mapping[str, Path]) -> dict[str, Backend]:
+        """The FP32 backends (created once) of the models not replaced by ``files``."""
+        from usg.backends import create_backend
+
+        for n, m in self.graph.models.items():
+            if n not in self.fp32:
+                self.fp32[n] = create_backend(m)
+        return {n: b for n, b in self.fp32.items() if n not in files}
 
     def evaluate(self, files: Mapping[str, Path]) -> GuardResult:
         models = {n: dataclasses.replace(m, path=files[n]) if n in files else m for n, m in self.graph.models.items()}
-        outputs = run_outputs(dataclasses.replace(self.graph, models=models), self.holdout)
+        outputs = run_outputs(dataclasses.replace(self.graph, models=models), self.holdout, self.shared(files))
         return evaluate(self.reference, outputs, self.guards)
 
     def quantize(self, o: ModelOutcome, settings: QuantSettings) -> Path:
@@ -176,10 +225,11 @@ class _Search:
         quantize_model(o.source, dst, settings, self.items.get(o.name, ()))
         return dst
 
-    def steps(self, o: ModelOutcome, first: Path) -> list[QuantSettings]:
-        """The exclusion steps to try for ``o``, mildest first."""
+    def steps(self, o: ModelOutcome) -> list[QuantSettings]:
+        """The exclusion steps to try for ``o`` beyond what it already keeps in FP32, mildest first:
+        the 1, 2, 4, … most harmful nodes (or op types), never all of them (that is the FP32 model)."""
         s = o.settings
-        ranked = rank_nodes(o.source, first, s, self.items.get(o.name, ()))
+        ranked = rank_nodes(o.source, s, self.items.get(o.name, ()))
         o.ranked = [h.node for h in ranked]
         if not ranked:
             return []
@@ -187,15 +237,13 @@ class _Search:
             types = [t for t, _ in rank_op_types(ranked)]
             return [
                 dataclasses.replace(s, exclude_op_types=(*s.exclude_op_types, *types[: i + 1]))
-                for i in range(len(types))
+                for i in range(len(types) - 1)
             ]
-        out, k = [], 1
-        while True:
-            k = min(k, len(ranked))
+        out, k = [], max(1, len(s.exclude_nodes))
+        while k < len(ranked):
             out.append(dataclasses.replace(s, exclude_nodes=(*s.exclude_nodes, *(h.node for h in ranked[:k]))))
-            if k == len(ranked):
-                return out
             k *= 2
+        return out
 
 
 def _fix_alone(search: _Search, o: ModelOutcome, first: Path) -> None:
@@ -205,7 +253,7 @@ def _fix_alone(search: _Search, o: ModelOutcome, first: Path) -> None:
     path: Path | None = first
     if not result.holds:
         path = None
-        for settings in search.steps(o, first):
+        for settings in search.steps(o):
             if search.trials >= search.config.max_trials:
                 break
             candidate = search.quantize(o, settings)
@@ -233,26 +281,31 @@ def quantize_graph(
     say(f"calibrating on {len(calibration)} sample(s), guarding on {len(holdout)} held out")
     captured, _ = capture_items(graph, calibration)
     items = {n: _thin(captured.get(n, []), config.max_calibration_items) for n in names}
-    reference = run_outputs(graph, holdout)
-    if not guards:
-        guards = default_guards(reference)
-    evaluate(reference, reference, guards)  # validates the guards against what the graph produces
-    say("guards: " + ", ".join(str(g) for g in guards))
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes: dict[str, ModelOutcome] = {}
     with tempfile.TemporaryDirectory(prefix="usg-quant-", dir=out_dir) as tmp:
-        search = _Search(graph, holdout, reference, guards, items, Path(tmp), config, say)
-        for name in names:
-            settings = config.per_model.get(name, config.settings)
-            source = graph.models[name].path
-            assert source is not None
-            o = ModelOutcome(name, source, settings, calibration_items=len(items[name]))
-            first = search.quantize(o, settings)
-            o.sensitivity = search.evaluate({name: first})
-            say(f"{name} alone ({settings.method}): {_metrics_text(o.sensitivity)}")
-            _fix_alone(search, o, first)
-            outcomes[name] = o
-        combined = _fix_combined(search, outcomes)
+        search = _Search(graph, holdout, [], guards, items, Path(tmp), config, say)
+        try:
+            search.reference = run_outputs(graph, holdout, search.shared({}))
+            if not guards:
+                search.guards = guards = default_guards(search.reference)
+            evaluate(search.reference, search.reference, guards)  # validates the guards against the outputs
+            say("guards: " + ", ".join(str(g) for g in guards))
+            for name in names:
+                source = graph.models[name].path
+                assert source is not None
+                o = ModelOutcome(
+                    name, source, config.per_model.get(name, config.settings), calibration_items=len(items[name])
+                )
+                first = search.quantize(o, o.settings)
+                o.sensitivity = search.evaluate({name: first})
+                say(f"{name} alone ({o.settings.method}): {_metrics_text(o.sensitivity)}")
+                _fix_alone(search, o, first)
+                outcomes[name] = o
+            combined = _fix_combined(search, outcomes)
+        finally:
+            for b in search.fp32.values():
+                b.close()
         for o in outcomes.values():
             o.size_mb = {"fp32": round(model_size_mb(o.source), 3)}
             if o.path is not None:
@@ -304,12 +357,7 @@ def _fix_combined(search: _Search, outcomes: dict[str, ModelOutcome]) -> GuardRe
         name = min(pending, key=lambda n: _margin(live[n].final))
         o = live[name]
         assert o.path is not None
-        steps = [
-            s
-            for s in search.steps(o, o.path)
-            if len(s.exclude_nodes) + len(s.exclude_op_types)
-            > len(o.settings.exclude_nodes) + len(o.settings.exclude_op_types)
-        ]
+        steps = search.steps(o)
         if not steps:
             o.path, o.status = None, "fp32"
             pending.pop(name)
@@ -318,6 +366,7 @@ def _fix_combined(search: _Search, outcomes: dict[str, ModelOutcome]) -> GuardRe
             o.path, o.settings = search.quantize(o, settings), settings
         files = {n: p.path for n, p in live.items() if p.path is not None}
         combined = search.evaluate(files)
+        o.trials.append({"settings": o.settings.to_json(), "together": True, "guard": combined.to_json()})
         search.log(f"all together, {name} {_excluded_text(o.settings)} FP32: {_metrics_text(combined)}")
     return combined
 
