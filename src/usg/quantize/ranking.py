@@ -59,27 +59,56 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
     return 10.0 * float(np.log10(max(signal, 1e-30) / noise))
 
 
+def _worst_channel_sqnr(ref: np.ndarray, deq: np.ndarray, axis: int) -> float:
+    """The lowest per-channel SQNR: a tensor-wide ratio hides channels an outlier drowned."""
+    if ref.ndim == 0:
+        return _sqnr(ref, deq)
+    axis %= ref.ndim
+    ref_c, deq_c = (
+        np.moveaxis(ref, axis, 0).reshape(ref.shape[axis], -1),
+        np.moveaxis(deq, axis, 0).reshape(ref.shape[axis], -1),
+    )
+    signal = np.sum(np.square(ref_c), axis=1)
+    noise = np.sum(np.square(ref_c - deq_c), axis=1)
+    live = signal > 0
+    if not live.any():
+        return float("inf")
+    with np.errstate(divide="ignore"):
+        ratios = np.where(noise[live] > 0, signal[live] / np.maximum(noise[live], 1e-300), np.inf)
+    return 10.0 * float(np.log10(np.min(ratios)))
+
+
 def activation_sqnr(values: Sequence[np.ndarray], bits: int = 8) -> float:
-    """SQNR of asymmetric ``bits``-bit quantization over the values' range (zero included)."""
-    x = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in values])
-    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    """Worst-channel SQNR of asymmetric ``bits``-bit per-tensor quantization over the values'
+    range (zero included); channels are axis 1 of 4-D (NCHW) tensors, the last axis otherwise."""
+    arrays = [np.asarray(v, dtype=np.float64) for v in values if np.size(v)]
+    if not arrays:
+        return float("inf")
+    lo = min(0.0, min(float(a.min()) for a in arrays))
+    hi = max(0.0, max(float(a.max()) for a in arrays))
     if hi == lo:
         return float("inf")
     scale = (hi - lo) / (2**bits - 1)
-    deq = np.round((x - lo) / scale) * scale + lo
-    return _sqnr(x, deq)
+    worst = float("inf")
+    for a in arrays:
+        deq = np.round((a - lo) / scale) * scale + lo
+        worst = min(worst, _worst_channel_sqnr(a, deq, 1 if a.ndim == 4 else -1))
+    return worst
 
 
-def weight_sqnr(w: np.ndarray, axis: int | None, bits: int = 8) -> float:
-    """SQNR of symmetric ``bits``-bit quantization, per channel along ``axis`` (None: per tensor)."""
+def weight_sqnr(w: np.ndarray, axis: int | None, bits: int = 8, channel_axis: int = -1) -> float:
+    """Worst-channel SQNR (channels along ``channel_axis``) of symmetric ``bits``-bit quantization
+    with one scale per channel along ``axis``, or one for the tensor (``axis`` None)."""
     w = w.astype(np.float64)
+    if w.size == 0:
+        return float("inf")
     levels = 2 ** (bits - 1) - 1
     if axis is None:
         amax: Any = np.max(np.abs(w))
     else:
         amax = np.max(np.abs(w), axis=tuple(i for i in range(w.ndim) if i != axis % w.ndim), keepdims=True)
     scale = np.where(amax > 0, amax / levels, 1.0)
-    return _sqnr(w, np.round(w / scale) * scale)
+    return _worst_channel_sqnr(w, np.round(w / scale) * scale, channel_axis)
 
 
 def _activations(
@@ -130,7 +159,9 @@ def rank_nodes(
             if name in inits:
                 w = numpy_helper.to_array(inits[name])
                 if w.dtype.kind == "f" and w.ndim >= 2 and i in (0, 1):
-                    scores.append((weight_sqnr(w, _weight_axis(node.op_type, settings), bits), f"weight {name}"))
+                    channel = 0 if node.op_type in ("Conv", "Gather") else -1
+                    sqnr = weight_sqnr(w, _weight_axis(node.op_type, settings), bits, channel)
+                    scores.append((sqnr, f"weight {name}"))
             elif name in acts and settings.method != "int4":
                 scores.append((activation_sqnr(acts[name]), f"activation {name}"))
         if scores:
