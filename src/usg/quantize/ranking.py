@@ -61,7 +61,7 @@ def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
 
 def _worst_channel_sqnr(ref: np.ndarray, deq: np.ndarray, axis: int) -> float:
     """The lowest per-channel SQNR: a tensor-wide ratio hides channels an outlier drowned."""
-    if ref.ndim == 0:
+    if ref.ndim < 2:
         return _sqnr(ref, deq)
     axis %= ref.ndim
     ref_c, deq_c = (
