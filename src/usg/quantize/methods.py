@@ -30,6 +30,7 @@ __all__ = [
     "QuantSettings",
     "has_vnni",
     "model_size_mb",
+    "pad_to_common_shape",
     "quantize_model",
 ]
 
@@ -93,6 +94,28 @@ class ItemsReader(CalibrationDataReader):
         return len(self._items)
 
 
+def pad_to_common_shape(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Items zero-padded to one shape per input. ORT's histogram calibrators (entropy, percentile)
+    stack every item's activations into one array, so items of different lengths or sizes (token
+    counts, crop widths, page sizes) make them fail; zero is the padding the graph's own
+    pre-processing uses (attention mask 0, black crop margin) and MinMax needs none of this."""
+    if not items:
+        return []
+    out: list[dict[str, Any]] = [dict(it) for it in items]
+    for port in items[0]:
+        arrays = [it[port] for it in items]
+        if not all(isinstance(a, np.ndarray) for a in arrays) or len({a.shape for a in arrays}) == 1:
+            continue
+        if len({a.ndim for a in arrays}) != 1:
+            continue
+        shape = tuple(max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim))
+        for it, a in zip(out, arrays, strict=True):
+            padded = np.zeros(shape, dtype=a.dtype)
+            padded[tuple(slice(0, n) for n in a.shape)] = a
+            it[port] = padded
+    return out
+
+
 def has_vnni() -> bool:
     """Whether this x86 CPU has VNNI (int8 dot products without the AVX2 int16 saturation)."""
     try:
@@ -153,6 +176,8 @@ def quantize_model(src: Path, dst: Path, settings: QuantSettings, items: Sequenc
                 f"static quantization of {src.name} needs calibration items, and the graph gave it none; "
                 "fix: pass --inputs that reach this model, or use --method dynamic"
             )
+        if settings.calibration != "minmax":
+            items = pad_to_common_shape(items)
         method = {
             "minmax": q.CalibrationMethod.MinMax,
             "entropy": q.CalibrationMethod.Entropy,

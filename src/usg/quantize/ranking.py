@@ -3,12 +3,13 @@
 A local proxy, measured once on the FP32 model: the model runs on a few recorded items with
 every float intermediate tensor made an output (ONNX Runtime's
 ``onnxruntime.quantization.qdq_loss_debug``: ``modify_model_output_intermediate_tensors`` and
-``collect_activations``); each quantizable node's float activation inputs (and, for static
-QDQ, its outputs) are quantized to 8 bits over their observed range, and its weights as the method quantizes them (per channel or per
-tensor, 8 or 4 bits). The node's score is the lowest signal-to-quantization-noise ratio (dB) among
-them: activations with outliers (a wide range, most values near zero) and weights with a few
-large entries score low and go first. Cross-model errors (quantized vs FP32 activations) are not
-used: they accumulate along the network and blame late nodes for early noise.
+``collect_activations``); each quantizable node's float activation inputs (and, for static QDQ,
+its outputs) are quantized to 8 bits over their observed range, and its weights as the method
+quantizes them (per channel or per tensor, 8 or 4 bits). The node's score is the lowest signal-
+to-quantization-noise ratio (dB) of any channel among them: activations with outliers (a wide
+range, most values near zero) and weights with a few large entries score low and go first.
+Cross-model errors (quantized vs FP32 activations) are not used: they accumulate along the
+network and blame late nodes for early noise.
 """
 
 from __future__ import annotations
