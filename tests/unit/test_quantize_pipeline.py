@@ -3,10 +3,12 @@ round trip through load_graph_for_cli, the fallback on a harmful weight, and the
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -18,7 +20,7 @@ from usg.graph import load_graph  # noqa: E402
 from usg.graph.sidecar import apply_quant_sidecar, quant_sidecar_path  # noqa: E402
 from usg.quantize import QuantizeConfig, QuantSettings, parse_guard, quantize_graph, write_quant_sidecar  # noqa: E402
 from usg.quantize.ranking import activation_sqnr, rank_nodes, weight_sqnr  # noqa: E402
-from usg.quantize.report import result_json, write_html  # noqa: E402
+from usg.quantize.report import render_text, result_json, write_html  # noqa: E402
 
 GRAPH = """name: tiny
 inputs:
@@ -87,6 +89,26 @@ def test_the_guard_not_holding_leaves_the_model_fp32(tiny: Path, tmp_path: Path)
     assert not result.holds and result.outcomes["mlp"].path is None
     assert result.outcomes["mlp"].status == "fp32"
     assert result.outcomes["mlp"].ranked[0] == "mm1"
+    console = Console(record=True, width=200)
+    render_text(result, console)
+    text = console.export_text()
+    assert "the guard does not hold: what would have to stay FP32" in text and "mm1" in text
+
+
+def test_cli_exits_1_without_a_sidecar_when_the_guard_cannot_hold(tiny: Path, tmp_path: Path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "t.txt").write_text("\n".join(s.text or "" for s in SAMPLES))
+    argv = ["quantize", str(tiny), "--inputs", str(inputs), "--method", "dynamic", "--guard", "y:max_abs<=0"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--max-trials", "2", "--no-measure", "--json"])
+    assert exc.value.code == 1
+    assert "the guard does not hold after 2 quantization(s); no sidecar written" in capsys.readouterr().err.replace(
+        "\n", " "
+    )
+    assert not quant_sidecar_path(tiny).exists()
+    main(["quantize", str(tiny), "--inputs", str(inputs), "--method", "dynamic", "--no-measure"])
+    assert quant_sidecar_path(tiny).is_file() and (tmp_path / "graph.quant" / "mlp.dynamic.onnx").is_file()
 
 
 def test_sidecar_round_trip_and_fp32(tiny: Path, tmp_path: Path, capsys):
@@ -99,8 +121,9 @@ def test_sidecar_round_trip_and_fp32(tiny: Path, tmp_path: Path, capsys):
     assert doc["models"]["mlp"]["path"] == "q/mlp.dynamic.onnx"
     applied = apply_quant_sidecar(load_graph(tiny))
     assert applied.models["mlp"].path == tmp_path / "q" / "mlp.dynamic.onnx"
-    html = write_html(result, tmp_path / "report.html")
-    assert "mlp" in html.read_text() and html.with_suffix(".png").is_file()
+    if importlib.util.find_spec("matplotlib") is not None:  # usg[report]
+        html = write_html(result, tmp_path / "report.html")
+        assert "mlp" in html.read_text() and html.with_suffix(".png").is_file()
     # usg run applies it; --fp32 ignores it
     main(["run", str(tiny), "-i", "text=hello", "--json"])
     assert "using quantized models" in capsys.readouterr().err

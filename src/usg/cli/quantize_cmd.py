@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -104,4 +105,4 @@ def quantize(
             f"error: the guard does not hold after {result.trials} quantization(s); no sidecar written; fix: raise "
             "--max-trials, loosen --guard, try --fallback op-types, or leave the models in the table above FP32"
         )
-        raise click.exceptions.Exit(1)
+        sys.exit(1)
