@@ -5,7 +5,6 @@ Quantizing costs CPU time: few inputs, quantized files in tmp_path, all marked s
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -59,17 +58,19 @@ def test_minilm_dynamic(graph, texts, tmp_path: Path):
 
 
 def test_minilm_static_reports_layernorm_qdq_for_the_cpu_ep(graph, texts, tmp_path: Path):
-    config = QuantizeConfig(
-        ("minilm",), QuantSettings("static"), guards=(parse_guard("text_embedding:cosine>=0.95"),), max_trials=6
-    )
+    # static QDQ (MinMax) costs this model a lot on the CPU EP (mean cosine about 0.73 here:
+    # activation outliers in the residual stream); the guard is loose so the file is kept to check
+    guard = parse_guard("text_embedding:cosine>=0.3")
+    config = QuantizeConfig(("minilm",), QuantSettings("static"), guards=(guard,), max_trials=2)
     result = quantize_graph(graph, texts, config, tmp_path / "q")
     o = result.outcomes["minilm"]
     assert o.calibration_items == 9  # the 9 calibration texts, tokenized by the graph's tokenizer
-    assert result.holds and o.path is not None
+    assert result.holds and o.path is not None and o.sensitivity is not None
+    assert 0.3 <= o.sensitivity.value(guard) < 1.0
     assert {"QuantizeLinear", "DequantizeLinear"} <= _ops(o.path)
     problems = check_qdq(o.path, "cpu")
-    kept = set(o.settings.exclude_nodes)
-    assert problems and all(p.op == "LayerNormalization" and p.node not in kept for p in problems)
+    assert problems and {p.op for p in problems} == {"LayerNormalization"}
+    assert all("no INT8 kernel" in p.problem and p.node in p.fix for p in problems)
 
 
 def _documents() -> list[Sample]:
@@ -100,16 +101,22 @@ def test_det_and_rec_static_calibrate_on_what_the_graph_feeds_them(graph, tmp_pa
     assert result.combined is not None and result.combined.metrics["lines"]["char_accuracy"] >= 0.8
 
 
-def test_fallback_restores_the_guard_after_a_harmful_calibration(graph, texts, tmp_path: Path):
-    # clipping every activation at its 60th percentile is absurd: the embedding falls apart
-    harmful = QuantSettings("static", "percentile", calibration_options={"CalibPercentile": 60.0})
-    guard = parse_guard("text_embedding:cosine>=0.98")
-    config = QuantizeConfig(("minilm",), harmful, guards=(guard,), max_trials=8)
+def test_fallback_restores_a_guard_only_met_by_keeping_nodes_fp32(graph, texts, tmp_path: Path):
+    probe_guard = parse_guard("text_embedding:cosine>=0")
+    probe = quantize_graph(
+        graph, texts, QuantizeConfig(("minilm",), QuantSettings("dynamic"), guards=(probe_guard,)), tmp_path / "p"
+    )
+    alone = probe.outcomes["minilm"].sensitivity
+    assert alone is not None and alone.value(probe_guard) < 1.0
+    # halfway from the fully quantized model to FP32: only reachable by keeping nodes in FP32
+    target = round(alone.value(probe_guard) + (1.0 - alone.value(probe_guard)) / 2, 6)
+    guard = parse_guard(f"text_embedding:cosine>={target}")
+    config = QuantizeConfig(("minilm",), QuantSettings("dynamic"), guards=(guard,), max_trials=8)
     result = quantize_graph(graph, texts, config, tmp_path / "q", log=print)
     o = result.outcomes["minilm"]
     assert o.sensitivity is not None and not o.sensitivity.holds
     assert result.holds and o.path is not None, [t["guard"] for t in o.trials]
-    assert o.settings.exclude_nodes and o.final is not None
-    assert o.final.value(guard) >= 0.98 > o.sensitivity.value(guard)
-    with_exclusions = dataclasses.replace(graph.models["minilm"], path=o.path)
-    assert with_exclusions.path.is_file() and o.path.parent == tmp_path / "q"
+    assert o.settings.exclude_nodes and o.trials
+    assert o.final is not None and o.final.value(guard) >= target > o.sensitivity.value(guard)
+    assert result.combined is not None and result.combined.holds
+    assert "MatMulInteger" in _ops(o.path)  # still quantized: not everything went back to FP32
