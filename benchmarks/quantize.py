@@ -153,7 +153,7 @@ async def _load(graph: Any, samples: list[Sample], args: argparse.Namespace, nam
 def document(args: argparse.Namespace, work: Path) -> None:
     graph = load_graph(GRAPH, export_missing=True)
     docs = _documents()
-    config = QuantizeConfig(("det", "rec"), QuantSettings("static"), holdout=0.25, max_trials=6)
+    config = QuantizeConfig(("det", "rec"), QuantSettings("static"), holdout=0.25, max_trials=args.max_trials)
     result = quantize_graph(graph, [s for s, _ in docs], config, work / "doc", log=lambda m: print("  ", m))
     for name, o in result.outcomes.items():
         print(f"{name}: {'quantized' if o.path else 'stays FP32'}; {len(o.settings.exclude_nodes)} node(s) kept FP32")
@@ -185,6 +185,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=15)
     p.add_argument("--warmup", type=float, default=3)
+    p.add_argument("--max-trials", type=int, default=6)
     args = p.parse_args()
     print(f"VNNI on this CPU: {'yes' if has_vnni() else 'no (AVX2 int8 kernels only)'}")
     with tempfile.TemporaryDirectory(prefix="usg-quant-bench-") as d:
