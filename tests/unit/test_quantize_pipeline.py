@@ -182,3 +182,29 @@ def test_cli_errors(tiny: Path, tmp_path: Path, capsys, args, code, match):
         main(["quantize", str(tiny), "--inputs", str(inputs), "--no-measure", *args])
     assert exc.value.code == code
     assert match in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_int4_is_matmulnbits_weight_only(tmp_path: Path):
+    from usg.quantize import quantize_model
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    out = quantize_model(tmp_path / "m.onnx", tmp_path / "m.int4.onnx", QuantSettings("int4"))
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["MatMulNBits"]
+    import onnxruntime as ort
+
+    x = rng.normal(size=(2, 64)).astype(np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = x @ w
+    assert float(np.abs(got - ref).max() / np.abs(ref).max()) < 0.2  # 4-bit weights: close, not equal
+    assert QuantSettings("int4").to_json() == {"method": "int4"}
