@@ -1,6 +1,7 @@
 """What `usg quantize` buys on this CPU: FP32 vs quantized, measured in the same run.
 
-    python benchmarks/quantize.py [--part minilm|document|both] [--sentences 600] [--duration 15]
+    python benchmarks/quantize.py [--part minilm|document|both] [--sentences 600] [--methods dynamic,static]
+                                  [--concurrency 16] [--duration 15] [--max-trials 6]
 
 - ``minilm``: the example graph's MiniLM quantized by :func:`usg.quantize.quantize_graph`
   (``--method dynamic``, and ``static``), then FP32 and INT8 sessions embed the same
@@ -75,7 +76,7 @@ def minilm(args: argparse.Namespace, work: Path) -> None:
     batches = _batches(graph, bench_texts, 8)
     threads = int(graph.models["minilm"].options.get("intra_op_threads") or 2)
     fp32 = _session(graph.models["minilm"].path, threads)
-    for method in ("dynamic", "static"):
+    for method in args.methods.split(","):
         config = QuantizeConfig(
             ("minilm",), QuantSettings(method), guards=(parse_guard("text_embedding:cosine>=0.995"),), max_trials=8
         )
@@ -181,6 +182,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["minilm", "document", "both"], default="both")
     p.add_argument("--sentences", type=int, default=600)
+    p.add_argument("--methods", default="dynamic,static", help="MiniLM: the methods to compare with FP32")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=15)
