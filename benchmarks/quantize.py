@@ -154,7 +154,8 @@ async def _load(graph: Any, samples: list[Sample], args: argparse.Namespace, nam
 def document(args: argparse.Namespace, work: Path) -> None:
     graph = load_graph(GRAPH, export_missing=True)
     docs = _documents()
-    config = QuantizeConfig(("det", "rec"), QuantSettings("static"), holdout=0.25, max_trials=args.max_trials)
+    guards = tuple(parse_guard(g) for g in args.doc_guard)
+    config = QuantizeConfig(("det", "rec"), QuantSettings("static"), guards=guards, max_trials=args.max_trials)
     result = quantize_graph(graph, [s for s, _ in docs], config, work / "doc", log=lambda m: print("  ", m))
     for name, o in result.outcomes.items():
         print(f"{name}: {'quantized' if o.path else 'stays FP32'}; {len(o.settings.exclude_nodes)} node(s) kept FP32")
@@ -188,6 +189,9 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=15)
     p.add_argument("--warmup", type=float, default=3)
     p.add_argument("--max-trials", type=int, default=6)
+    p.add_argument(
+        "--doc-guard", action="append", default=[], help="document part: guards (default: one per output by type)"
+    )
     args = p.parse_args()
     print(f"VNNI on this CPU: {'yes' if has_vnni() else 'no (AVX2 int8 kernels only)'}")
     with tempfile.TemporaryDirectory(prefix="usg-quant-bench-") as d:
