@@ -173,7 +173,8 @@ def document(args: argparse.Namespace, work: Path) -> None:
     thr = {k: sum(r.completed for r in v) / sum(r.duration_s for r in v) for k, v in runs.items()}
     points = 100 * (acc["int8"] - acc["fp32"])
     print(
-        f"document graph, det+rec INT8, {args.concurrency} clients: FP32 {thr['fp32']:.2f} req/s, "
+        f"document graph, {'+'.join(n for n, o in result.outcomes.items() if o.path)} INT8, "
+        f"{args.concurrency} clients: FP32 {thr['fp32']:.2f} req/s, "
         f"INT8 {thr['int8']:.2f} req/s, ×{thr['int8'] / thr['fp32']:.2f}; character accuracy vs rendered text "
         f"FP32 {100 * acc['fp32']:.2f}%, INT8 {100 * acc['int8']:.2f}% ({points:+.2f} points)"
     )
