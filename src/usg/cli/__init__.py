@@ -47,6 +47,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("usg.cli.profile_cmd:profile", "Record a reference profile of a graph's inputs and outputs."),
     "drift": ("usg.cli.drift_cmd:drift", "Compare a window profile with a reference profile (drift tests)."),
     "report": ("usg.cli.report_cmd:report", "Reports from traces: SLO-violation attribution per node and cause."),
+    "quantize": ("usg.cli.quantize_cmd:quantize", "Quantize models to INT8/INT4, guarded on the graph's outputs."),
 }
 
 

@@ -60,6 +60,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     help="With a URL TARGET: the graph the server runs (for --compare and the model-only bound).",
 )
 @click.option("--untuned", is_flag=True, help="Ignore GRAPH.tuned.yaml (written by `usg tune`).")
+@click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option(
     "--plot", "plot_dir", type=click.Path(file_okay=False), help="Write latency_cdf.png and throughput.png here."
@@ -77,6 +78,7 @@ def bench(
     untuned: bool,
     as_json: bool,
     plot_dir: str | None,
+    fp32: bool = False,
 ) -> None:
     """Benchmark TARGET (a graph file, run in process, or the URL of a `usg serve`) against baselines."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -93,7 +95,7 @@ def bench(
         raise UsageError(
             f"--compare {','.join(unknown)}: unknown baseline; fix: use one or more of {', '.join(BASELINES)}"
         )
-    graph = _graph(target, graph_path, untuned)
+    graph = _graph(target, graph_path, untuned, fp32)
     samples = load_samples(inputs_path) if inputs_path else default_samples()
     cfg = BenchConfig(target, levels, rate, duration, warmup, systems, samples=samples, rounds=rounds)
     if is_url(target) and graph is None and systems:
@@ -157,7 +159,7 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _graph(target: str, graph_path: str | None, untuned: bool) -> Any:
+def _graph(target: str, graph_path: str | None, untuned: bool, fp32: bool = False) -> Any:
     from usg.bench.targets import is_url
 
     path = graph_path or (None if is_url(target) else target)
@@ -165,7 +167,7 @@ def _graph(target: str, graph_path: str | None, untuned: bool) -> Any:
         return None
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such graph file; fix: pass a graph YAML, or a http:// URL of `usg serve`")
-    return load_graph_for_cli(path, tuned=not untuned)
+    return load_graph_for_cli(path, tuned=not untuned, quantized=not fp32)
 
 
 def _bound_meter(graph: Any, samples: list[Any], report_notes: list[str]) -> Any:

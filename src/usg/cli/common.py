@@ -97,7 +97,7 @@ def load_graph_quiet(path: str | Path) -> Graph:
         raise _explained(exc) from None
 
 
-def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
+def load_graph_for_cli(path: str | Path, *, tuned: bool = True, quantized: bool = True) -> Graph:
     """Load a graph for a command: export models it has an ``export:`` recipe for (spinner on stderr),
     and, with ``tuned``, merge the ``GRAPH.tuned.yaml`` that ``usg tune`` wrote next to it."""
     from usg.graph import load_graph
@@ -117,6 +117,13 @@ def load_graph_for_cli(path: str | Path, *, tuned: bool = True) -> Graph:
                 f"[dim]using tuned batch sizes and threads from {escape(str(sidecar))} (delete it to undo)[/]"
             )
             graph = apply_sidecar(graph, sidecar)
+    if quantized:  # GRAPH.quant.yaml from `usg quantize`; commands pass quantized=False for --fp32
+        from usg.graph.sidecar import apply_quant_sidecar, quant_sidecar_path
+
+        qpath = quant_sidecar_path(p)
+        if qpath.is_file():
+            err_console.print(f"[dim]using quantized models from {qpath} (--fp32 ignores it)[/]")
+            graph = apply_quant_sidecar(graph, qpath)
     return graph
 
 

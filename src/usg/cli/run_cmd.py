@@ -123,9 +123,10 @@ def _render(result: InferResult) -> None:
     help="Request deadline in seconds (> 0).",
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
-def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool) -> None:
+@click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
+def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool, fp32: bool) -> None:
     """Push inputs through a graph and print its outputs."""
-    graph = load_graph_for_cli(graph_path)
+    graph = load_graph_for_cli(graph_path, quantized=not fp32)
     values = parse_inputs(graph, inputs)
     executor = Executor(graph, batching=not no_batching, timeout_s=timeout)
     try:

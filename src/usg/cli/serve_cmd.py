@@ -138,6 +138,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`); embedded engine.")
 def serve(
     graph_path: str,
     host: str,
@@ -159,6 +160,7 @@ def serve(
     log_level: str,
     reference: str | None = None,
     trace_file: str | None = None,
+    fp32: bool = False,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if grpc_port is not None and engine == "ray":
@@ -170,6 +172,8 @@ def serve(
     if engine == "ray":
         if index_path:
             raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
+        if fp32:
+            raise UsageError("--fp32 applies to the embedded engine only; fix: move GRAPH.quant.yaml away for Ray")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -208,7 +212,7 @@ def serve(
         from usg.serve.grpc_server import attach_grpc, check_port_free
 
         check_port_free(host, grpc_port)
-    graph = load_graph_for_cli(graph_path)
+    graph = load_graph_for_cli(graph_path, quantized=not fp32)
     if index_path:
         from usg.index.http import search_routes
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None

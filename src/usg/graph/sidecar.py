@@ -14,9 +14,18 @@ from typing import Any
 from usg.errors import GraphError, GraphProblem
 from usg.graph.model import BatchPolicy, Graph
 
-__all__ = ["SIDECAR_VERSION", "apply_sidecar", "read_sidecar", "sidecar_path"]
+__all__ = [
+    "QUANT_SIDECAR_VERSION",
+    "SIDECAR_VERSION",
+    "apply_quant_sidecar",
+    "apply_sidecar",
+    "quant_sidecar_path",
+    "read_sidecar",
+    "sidecar_path",
+]
 
 SIDECAR_VERSION = 1
+QUANT_SIDECAR_VERSION = 1
 
 
 def sidecar_path(graph_path: str | Path) -> Path:
@@ -24,17 +33,24 @@ def sidecar_path(graph_path: str | Path) -> Path:
     return p.with_name(p.stem + ".tuned.yaml")
 
 
-def read_sidecar(path: Path) -> dict[str, Any]:
+def quant_sidecar_path(graph_path: str | Path) -> Path:
+    p = Path(graph_path)
+    return p.with_name(p.stem + ".quant.yaml")
+
+
+def read_sidecar(path: Path, kind: str = "usg_tune") -> dict[str, Any]:
     import yaml
 
+    command = "usg tune" if kind == "usg_tune" else "usg quantize"
+    version = SIDECAR_VERSION if kind == "usg_tune" else QUANT_SIDECAR_VERSION
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(doc, dict) or doc.get("usg_tune") != SIDECAR_VERSION:
+    if not isinstance(doc, dict) or doc.get(kind) != version:
         raise GraphError(
             [
                 GraphProblem(
                     str(path),
-                    f"not a usg tune sidecar (version {SIDECAR_VERSION})",
-                    "delete it and run `usg tune GRAPH` again",
+                    f"not a {command} sidecar (version {version})",
+                    f"delete it and run `{command} GRAPH` again",
                 )
             ]
         )
@@ -78,6 +94,38 @@ def apply_sidecar(graph: Graph, path: Path | None = None) -> Graph:
         batch: BatchPolicy = dataclasses.replace(model.batch, **batch_in)
         options = {**model.options, **(entry.get("options") or {})}
         models[name] = dataclasses.replace(model, options=options, batch=batch)
+    if problems:
+        raise GraphError(problems)
+    return dataclasses.replace(graph, models=models)
+
+
+def apply_quant_sidecar(graph: Graph, path: Path | None = None) -> Graph:
+    """The graph with the quantized model files ``usg quantize`` chose (``GRAPH.quant.yaml``; paths
+    relative to it) in place of the FP32 ones. A sidecar whose FP32 source file changed size since
+    it was written is refused. Without a sidecar next to the graph file, the graph itself."""
+    if path is None:
+        if graph.source is None:
+            return graph
+        path = quant_sidecar_path(graph.source)
+    if not path.is_file():
+        return graph
+    doc = read_sidecar(path, "usg_quant")
+    problems: list[GraphProblem] = []
+    models = dict(graph.models)
+    redo = f"run `usg quantize {graph.source or 'GRAPH'}` again, or delete {path.name} (or pass --fp32)"
+    for name, entry in (doc.get("models") or {}).items():
+        model = models.get(name)
+        quantized = path.parent / str(entry.get("path", ""))
+        if model is None or model.path is None:
+            problems.append(GraphProblem(f"{path.name}: models.{name}", f"the graph has no ONNX model {name!r}", redo))
+        elif model.path.is_file() and model.path.stat().st_size != entry.get("source_bytes"):
+            problems.append(
+                GraphProblem(f"{path.name}: models.{name}", f"{model.path} changed since it was quantized", redo)
+            )
+        elif not quantized.is_file():
+            problems.append(GraphProblem(f"{path.name}: models.{name}.path", f"{quantized} does not exist", redo))
+        else:
+            models[name] = dataclasses.replace(model, path=quantized)
     if problems:
         raise GraphError(problems)
     return dataclasses.replace(graph, models=models)
