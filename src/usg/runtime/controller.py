@@ -111,6 +111,7 @@ class BatchController:
         self._latencies: list[float] = []
         self._max_depth = 0
         self._probe_from: int | None = None  # index to return to if a probe loses
+        self._probe_windows = 0  # decision windows the current probe has run
         self._probe_gap = 1
         self._next_probe = 1  # window number of the next allowed probe
         self._settled_cost: float | None = None
@@ -152,9 +153,11 @@ class BatchController:
                 return i
         return len(self.sizes) - 1
 
-    def _known(self, i: int) -> float | None:
+    def _known(self, i: int, max_age: int | None = None) -> float | None:
+        """Bin ``i``'s per-item cost, if measured enough and within ``max_age`` windows."""
         b = self._bins[i]
-        if b.cost is None or b.samples < self.min_samples or self._windows - b.window > self.stale_windows:
+        age = self.stale_windows if max_age is None else max_age
+        if b.cost is None or b.samples < self.min_samples or self._windows - b.window > age:
             return None
         return b.cost
 
@@ -176,7 +179,7 @@ class BatchController:
         for j in (self._i - 1, self._i + 1):
             if not 0 <= j <= self._ceiling or (j > self._i and depth < self.sizes[j]):
                 continue
-            there = self._known(j)
+            there = self._known(j, max_age=1)  # compare only with what was measured just now
             if there is not None and there < here * (1 - self.hysteresis):
                 self._move(j, f"per-item {there:.3g} ms at {self.sizes[j]} < {here:.3g} ms at {self.cap}")
                 return
@@ -184,33 +187,43 @@ class BatchController:
             self._probe(depth)
 
     def _probe(self, depth: int) -> None:
-        for j in (self._i - 1, self._i + 1):
-            if not 0 <= j <= self._ceiling or (j > self._i and depth < self.sizes[j]):
-                continue
-            self._bins[j] = _Bin()  # measure it afresh
-            self._probe_from, self._i = self._i, j
-            self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
+        """Try the neighbour measured longest ago (never a cap the queue could not fill)."""
+        allowed = [
+            j for j in (self._i - 1, self._i + 1) if 0 <= j <= self._ceiling and (j < self._i or depth >= self.sizes[j])
+        ]
+        if not allowed:
             return
+        j = min(allowed, key=lambda j: (self._bins[j].samples > 0, self._bins[j].window))
+        self._bins[j] = _Bin()  # measure it afresh
+        self._probe_from, self._i, self._probe_windows = self._i, j, 0
+        self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
 
     def _end_probe(self) -> None:
         assert self._probe_from is not None
         home, probed = self._probe_from, self._i
-        there, back = self._known(probed), self._known(home)
-        if there is None:
+        there, back = self._known(probed), self._known(home, max_age=self._probe_windows + 2)
+        self._probe_windows += 1
+        if there is None and self._probe_windows < 2:
             return  # not enough calls at the probed cap yet
         self._probe_from = None
-        if back is not None and there < back * (1 - self.hysteresis):
+        if there is None:  # traffic fell: calls do not fill the probed cap, so it cannot be measured
+            self._i = home
+            self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
+            self._next_probe = self._windows + self._probe_gap
+            self._record(f"probe abandoned: no calls filled cap {self.sizes[probed]}")
+            return
+        if back is None or there < back * (1 - self.hysteresis):
             self._probe_gap = 1
             self._next_probe = self._windows + 1
             self._settled_cost = there
-            self._record(f"probe won: per-item {there:.3g} ms at {self.cap} < {back:.3g} ms at {self.sizes[home]}")
+            cost = "unmeasured (calls no longer fill it)" if back is None else f"{back:.3g} ms"
+            self._record(f"probe won: per-item {there:.3g} ms at {self.cap} < {cost} at {self.sizes[home]}")
             return
         self._i = home
         self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
         self._next_probe = self._windows + self._probe_gap
         self._settled_cost = back
-        cost = "unmeasured" if back is None else f"{back:.3g} ms"
-        self._record(f"probe lost: per-item {there:.3g} ms at {self.sizes[probed]} vs {cost} at {self.cap}")
+        self._record(f"probe lost: per-item {there:.3g} ms at {self.sizes[probed]} vs {back:.3g} ms at {self.cap}")
 
     def _move(self, j: int, reason: str) -> None:
         self._i = j
