@@ -135,8 +135,8 @@ class ServeMetrics(Observer):
             if hasattr(runner, "queue_depth"):
                 self.queue_depth.labels(name).set_function(_depth_of(runner))
             if hasattr(runner, "batch_cap"):
-                self.batch_cap.labels(name).set_function(lambda r=runner: float(r.batch_cap))
-                self.batch_wait.labels(name).set_function(lambda r=runner: r.batch_wait_ms / 1e3)
+                self.batch_cap.labels(name).set_function(_cap_of(runner))
+                self.batch_wait.labels(name).set_function(_wait_of(runner))
 
     def set_inflight_source(self, source: Callable[[], float]) -> None:
         self.inflight.set_function(source)
@@ -187,3 +187,11 @@ class ServeMetrics(Observer):
 
 def _depth_of(runner: Any) -> Callable[[], float]:
     return lambda: float(runner.queue_depth)
+
+
+def _cap_of(runner: Any) -> Callable[[], float]:
+    return lambda: float(runner.batch_cap)
+
+
+def _wait_of(runner: Any) -> Callable[[], float]:
+    return lambda: float(runner.batch_wait_ms) / 1e3
