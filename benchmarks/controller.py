@@ -94,7 +94,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     args = ap.parse_args()
     if not args.sidecar.exists():
-        raise SystemExit(f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar")
+        raise SystemExit(
+            f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"
+        )
     asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients))
 
 
