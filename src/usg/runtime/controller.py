@@ -12,8 +12,10 @@ weighted mean, so it follows a cost that changes.
 
 Hill climbing with hysteresis. Every ``window`` calls the controller compares the current
 cap's bin with its neighbours' and moves one step only when the neighbour is at least
-``hysteresis`` cheaper per item. A neighbour it has not measured (or measured long ago) is
-*probed*: the cap moves there for one window, and the next decision keeps it or goes back.
+``hysteresis`` cheaper per item, and by more than twice the noise of the two means (each
+bin also keeps a weighted variance; on a shared CPU call times swing 2x). A neighbour it has
+not measured (or measured long ago) is *probed*: the cap moves there for one window, and the
+next decision keeps it or goes back.
 A probe that confirms the current cap doubles the time to the next probe (up to
 ``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare;
 a move, or the current bin's cost drifting by more than the hysteresis from what it was when
@@ -54,13 +56,26 @@ class Decision:
 @dataclass
 class _Bin:
     cost: float | None = None  # EWMA per-item compute, ms
+    var: float = 0.0  # EWMA of the squared deviation from it
     samples: int = 0
     window: int = 0  # the decision window of the last sample
 
     def add(self, per_item_ms: float, alpha: float, window: int) -> None:
-        self.cost = per_item_ms if self.cost is None else (1 - alpha) * self.cost + alpha * per_item_ms
+        if self.cost is None:
+            self.cost = per_item_ms
+        else:
+            dev = per_item_ms - self.cost
+            self.cost += alpha * dev
+            self.var = (1 - alpha) * (self.var + alpha * dev * dev)
         self.samples += 1
         self.window = window
+
+    def stderr(self, alpha: float) -> float:
+        """Standard error of the mean (an EWMA averages about (2 - alpha) / alpha samples)."""
+        n = min(self.samples, (2 - alpha) / alpha)
+        seen = 1 - (1 - alpha) ** max(0, self.samples - 1)  # the variance starts at 0: unbias it
+        var = self.var / seen if seen > 0 else 0.0
+        return math.sqrt(var / max(1.0, n))
 
 
 def candidate_sizes(policy: BatchPolicy) -> tuple[int, ...]:
@@ -161,6 +176,14 @@ class BatchController:
             return None
         return b.cost
 
+    def _cheaper(self, j: int, i: int) -> bool:
+        """Bin j's per-item cost is below bin i's by the hysteresis and by twice the noise of both."""
+        a, b = self._bins[j], self._bins[i]
+        if a.cost is None or b.cost is None:
+            return False
+        noise = 2 * math.hypot(a.stderr(self.alpha), b.stderr(self.alpha))
+        return a.cost < b.cost * (1 - self.hysteresis) and b.cost - a.cost > noise
+
     def _decide(self) -> None:
         self._windows += 1
         latencies, self._latencies, self._events = self._latencies, [], 0
@@ -173,14 +196,16 @@ class BatchController:
         here = self._known(self._i)
         if here is None:
             return  # calls are not filling this cap's bin (light traffic): the cap does not matter
-        if self._settled_cost is not None and abs(here - self._settled_cost) > self.hysteresis * self._settled_cost:
+        drift = abs(here - self._settled_cost) if self._settled_cost is not None else 0.0
+        noise = 2 * self._bins[self._i].stderr(self.alpha)
+        if self._settled_cost is not None and drift > max(self.hysteresis * self._settled_cost, noise):
             self._probe_gap, self._next_probe = 1, self._windows  # cost changed: look around now
             self._settled_cost = here
         for j in (self._i - 1, self._i + 1):
             if not 0 <= j <= self._ceiling or (j > self._i and depth < self.sizes[j]):
                 continue
             there = self._known(j, max_age=1)  # compare only with what was measured just now
-            if there is not None and there < here * (1 - self.hysteresis):
+            if there is not None and self._cheaper(j, self._i):
                 self._move(j, f"per-item {there:.3g} ms at {self.sizes[j]} < {here:.3g} ms at {self.cap}")
                 return
         if self._windows >= self._next_probe:
@@ -212,7 +237,7 @@ class BatchController:
             self._next_probe = self._windows + self._probe_gap
             self._record(f"probe abandoned: no calls filled cap {self.sizes[probed]}")
             return
-        if back is None or there < back * (1 - self.hysteresis):
+        if back is None or self._cheaper(probed, home):
             self._probe_gap = 1
             self._next_probe = self._windows + 1
             self._settled_cost = there
