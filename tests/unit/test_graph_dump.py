@@ -32,6 +32,8 @@ models:
       max_tokens: 512
       max_queue: 64
       max_pad_waste: 0.5
+      adaptive: true
+      target_p95_ms: 150
       pad: {axes: {x: [1]}, buckets: [16, 32], multiple: 8, value: {x: -1}, trim: {y: {1: "x:1/1"}}}
 nodes:
   up: {fn: "testops:upper", inputs: {text: inputs.text}, cache: {ttl_s: 9}}

@@ -30,6 +30,8 @@ _BATCH_KEYS = {
     "max_pixels",
     "max_queue",
     "max_pad_waste",
+    "adaptive",
+    "target_p95_ms",
 }
 _PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
 _NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache"}
@@ -209,6 +211,14 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
             "use sizes between 1 and max_size",
         )
         preferred = []
+    adaptive = data.get("adaptive", False)
+    if not isinstance(adaptive, bool):
+        c.add(f"{where}.adaptive", f"adaptive is {adaptive!r}", "write adaptive: true or adaptive: false")
+        adaptive = False
+    target = num("target_p95_ms", None, float)
+    if target is not None and target <= 0:
+        c.add(f"{where}.target_p95_ms", f"target_p95_ms is {target!r}", "use a positive number of milliseconds")
+        target = None
     return BatchPolicy(
         max_size=max_size,
         max_delay_ms=num("max_delay_ms", 0.0, float),
@@ -218,6 +228,8 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
         max_pixels=num("max_pixels", None, int),
         max_queue=num("max_queue", 256, int),
         max_pad_waste=min(1.0, num("max_pad_waste", 0.35, float)),
+        adaptive=adaptive,
+        target_p95_ms=target,
     )
 
 

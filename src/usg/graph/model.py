@@ -105,6 +105,10 @@ class BatchPolicy:
     # with padding: stop growing a batch when more than this fraction of its padded elements
     # would be padding (on CPU, compute follows padded tokens; tight batches beat big ones)
     max_pad_waste: float = 0.35
+    # opt-in dynamic batch controller (usg.runtime.controller): cap and wait adapt to measured
+    # per-item cost, bounded by max_size / max_delay_ms; p95 (queue + call) kept under target_p95_ms
+    adaptive: bool = False
+    target_p95_ms: float | None = None
 
     @property
     def enabled(self) -> bool:

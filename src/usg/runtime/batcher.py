@@ -1,7 +1,9 @@
 """Per-model dynamic batching, shared by every node (and request) that calls the model.
 
 Items wait in a bounded queue. A scheduler forms batches when ``max_size``
-items are waiting or the oldest has waited the (adaptive) delay: it orders
+items are waiting or the oldest has waited the (adaptive) delay — or, with ``batch.adaptive``,
+the cap and wait the :class:`~usg.runtime.controller.BatchController` chose from the calls it is
+fed: it orders
 waiting items by length, groups items that may share a batch — equal shapes,
 or, for models declared pad-safe, equal shapes outside the padded axes — pads
 variable axes to a multiple or bucket, respects a padded-element budget
@@ -25,6 +27,7 @@ from usg.backends.base import Backend
 from usg.errors import BackendError, Overloaded, StateError, USGError
 from usg.graph.model import BatchPolicy, PadPolicy
 from usg.records import BatchEvent, ItemTiming
+from usg.runtime.controller import BatchController
 from usg.runtime.kernel import BatchKernel, Outcome
 from usg.runtime.padding import group_key, item_length, item_rows, padded_elements
 
@@ -72,6 +75,8 @@ class BatchingRunner:
         self.kernel = BatchKernel(
             model, backend, policy.pad, pool=pool, call_timeout_s=call_timeout_s, max_parallel_retries=policy.max_size
         )
+        #: the dynamic batch controller (``batch.adaptive``); None: the declared values hold
+        self.controller: BatchController | None = BatchController(model, policy) if policy.adaptive else None
 
     batches = True  # calls are batched here (figures come from BatchEvents)
 
@@ -105,6 +110,16 @@ class BatchingRunner:
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def batch_cap(self) -> int:
+        """The most items a batch may hold now: the controller's cap, else ``max_size``."""
+        return self.controller.cap if self.controller is not None else self.policy.max_size
+
+    @property
+    def batch_wait_ms(self) -> float:
+        """The longest the oldest item waits for a batch to fill (before the queue-depth scaling)."""
+        return self.controller.wait_ms if self.controller is not None else self.policy.max_delay_ms
 
     # -- submission --------------------------------------------------------------------------
     async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
@@ -155,8 +170,8 @@ class BatchingRunner:
     def _delay_s(self) -> float:
         """Adaptive wait: the full max_delay when traffic is light, shorter as the queue deepens."""
         depth = len(self._queue)
-        fill = min(1.0, depth / max(1, self.policy.max_size))
-        return self.policy.max_delay_ms / 1000.0 * (1.0 - fill)
+        fill = min(1.0, depth / max(1, self.batch_cap))
+        return self.batch_wait_ms / 1000.0 * (1.0 - fill)
 
     async def _schedule(self) -> None:
         assert self._wake is not None and self._slots is not None
@@ -180,7 +195,7 @@ class BatchingRunner:
             return
         oldest = min(p.enqueued for p in self._queue)
         wait = oldest + self._delay_s() - time.perf_counter()
-        if wait > 0 and not self._closing and len(self._queue) < self.policy.max_size:
+        if wait > 0 and not self._closing and len(self._queue) < self.batch_cap:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=wait)
@@ -203,13 +218,16 @@ class BatchingRunner:
         self._queue = [p for p in self._queue if not p.future.cancelled()]
         if not self._queue:
             return []
+        cap = self.batch_cap
+        if self.controller is not None:
+            self.controller.formed(len(self._queue))
         head = min(self._queue, key=lambda p: p.enqueued)
         group = sorted((p for p in self._queue if p.key == head.key), key=lambda p: (p.length, p.enqueued))
         # start the batch around the oldest item's length so it is never starved
         start = group.index(head)
         chosen: list[_Pending] = [head]
         lo, hi = start - 1, start + 1
-        while len(chosen) < self.policy.max_size and (lo >= 0 or hi < len(group)):
+        while len(chosen) < cap and (lo >= 0 or hi < len(group)):
             # grow toward the neighbour closest in length: least padding waste
             cand_lo = group[lo] if lo >= 0 else None
             cand_hi = group[hi] if hi < len(group) else None
@@ -283,5 +301,7 @@ class BatchingRunner:
             release()
 
     def _emit(self, event: BatchEvent, indices: tuple[int, ...]) -> None:
+        if self.controller is not None:
+            self.controller.observe(event)
         for listener in self.listeners:
             listener(event)

@@ -111,6 +111,18 @@ class ServeMetrics(Observer):
         self.queue_depth = Gauge(
             "usg_model_queue_depth", "Items waiting in a model's batch queue.", ["model"], registry=r
         )
+        self.batch_cap = Gauge(
+            "usg_batch_cap",
+            "Most items one batch may hold now (the controller's cap, else max_size).",
+            ["model"],
+            registry=r,
+        )
+        self.batch_wait = Gauge(
+            "usg_batch_wait_seconds",
+            "Longest wait for a batch to fill now (controller's, else max_delay_ms).",
+            ["model"],
+            registry=r,
+        )
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
         self._batched: set[str] = set()
@@ -134,6 +146,9 @@ class ServeMetrics(Observer):
                 self._batched.add(name)
             if hasattr(runner, "queue_depth"):
                 self.queue_depth.labels(name).set_function(_depth_of(runner))
+            if hasattr(runner, "batch_cap"):
+                self.batch_cap.labels(name).set_function(_cap_of(runner))
+                self.batch_wait.labels(name).set_function(_wait_of(runner))
 
     def set_inflight_source(self, source: Callable[[], float]) -> None:
         self.inflight.set_function(source)
@@ -194,3 +209,11 @@ class ServeMetrics(Observer):
 
 def _depth_of(runner: Any) -> Callable[[], float]:
     return lambda: float(runner.queue_depth)
+
+
+def _cap_of(runner: Any) -> Callable[[], float]:
+    return lambda: float(runner.batch_cap)
+
+
+def _wait_of(runner: Any) -> Callable[[], float]:
+    return lambda: float(runner.batch_wait_ms) / 1e3

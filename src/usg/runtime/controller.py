@@ -1,0 +1,287 @@
+"""The dynamic batch controller: per model, the batch cap and the wait adapt to measured cost.
+
+Opt-in per model (``batch: {adaptive: true}``). The declared ``max_size`` / ``max_delay_ms``
+are the starting point and the upper bounds; the controller only ever lowers them, and
+raises them back toward the declared values when that pays.
+
+Cost. Every successful backend call (a :class:`~usg.records.BatchEvent`) gives a per-item
+cost, ``compute_ms / items``. Calls are binned by their size onto the candidate caps (powers
+of two below ``max_size``, and ``max_size``; ``preferred_sizes`` when declared): a call of
+``n`` items counts for the smallest candidate ``>= n``. Each bin keeps an exponentially
+weighted mean, so it follows a cost that changes.
+
+Hill climbing with hysteresis. Every ``window`` calls the controller compares the current
+cap's bin with its neighbours' and moves one step only when the neighbour is at least
+``hysteresis`` cheaper per item, and by more than twice the noise of the two means (each
+bin also keeps a weighted variance; on a shared CPU call times swing 2x). A neighbour it has
+not measured (or measured long ago) is *probed*: the cap moves there for one window, and the
+next decision keeps it or goes back.
+A probe that confirms the current cap doubles the time to the next probe (up to
+``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare;
+a move, or the current bin's cost drifting by more than the hysteresis from what it was when
+the cap settled, resets the gap (that is how it reacts to a change in cost). A larger cap
+is probed only when the queue held enough items to fill it.
+
+Latency. With ``target_p95_ms`` the p95 of (queue wait + call time) over the window is kept
+under the target: above it the wait halves, then the cap steps down (and is not raised again
+by cost until the p95 is below half the target). At cap 1 the wait is 0 (nothing to wait for).
+
+Every decision is recorded, with its time and reason, in a bounded deque (``decisions``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from usg.graph.model import BatchPolicy
+from usg.records import BatchEvent
+
+__all__ = ["BatchController", "Decision"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One change of a controller's setting (or a probe), with why."""
+
+    time: float
+    cap: int
+    wait_ms: float
+    reason: str
+
+
+@dataclass
+class _Bin:
+    cost: float | None = None  # EWMA per-item compute, ms
+    var: float = 0.0  # EWMA of the squared deviation from it
+    samples: int = 0
+    window: int = 0  # the decision window of the last sample
+
+    def add(self, per_item_ms: float, alpha: float, window: int) -> None:
+        if self.cost is None:
+            self.cost = per_item_ms
+        else:
+            dev = per_item_ms - self.cost
+            self.cost += alpha * dev
+            self.var = (1 - alpha) * (self.var + alpha * dev * dev)
+        self.samples += 1
+        self.window = window
+
+    def stderr(self, alpha: float) -> float:
+        """Standard error of the mean (an EWMA averages about (2 - alpha) / alpha samples)."""
+        n = min(self.samples, (2 - alpha) / alpha)
+        seen = 1 - (1 - alpha) ** max(0, self.samples - 1)  # the variance starts at 0: unbias it
+        var = self.var / seen if seen > 0 else 0.0
+        return math.sqrt(var / max(1.0, n))
+
+
+def candidate_sizes(policy: BatchPolicy) -> tuple[int, ...]:
+    """The caps the controller may choose: preferred sizes, else powers of two below max_size and max_size."""
+    if policy.preferred_sizes:
+        sizes = set(policy.preferred_sizes) | {1}
+    else:
+        sizes = {1 << k for k in range(max(1, policy.max_size).bit_length()) if (1 << k) < policy.max_size}
+    sizes.add(max(1, policy.max_size))
+    return tuple(sorted(s for s in sizes if 1 <= s <= max(1, policy.max_size)))
+
+
+class BatchController:
+    """Chooses one model's batch cap and wait from the calls it is shown; see the module docstring."""
+
+    def __init__(
+        self,
+        model: str,
+        policy: BatchPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        window: int = 12,
+        min_samples: int = 4,
+        hysteresis: float = 0.1,
+        alpha: float = 0.25,
+        max_probe_gap: int = 64,
+        stale_windows: int = 32,
+        history: int = 256,
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self.sizes = candidate_sizes(policy)
+        self.clock = clock
+        self.window = max(1, window)
+        self.min_samples = max(1, min_samples)
+        self.hysteresis = hysteresis
+        self.alpha = alpha
+        self.max_probe_gap = max(1, max_probe_gap)
+        self.stale_windows = stale_windows
+        self.target_p95_ms = policy.target_p95_ms
+        self.decisions: deque[Decision] = deque(maxlen=history)
+        self._i = len(self.sizes) - 1  # start from the declared max_size
+        self._ceiling = self._i  # latency ceiling (index)
+        self._wait_ms = float(policy.max_delay_ms)
+        self._bins = [_Bin() for _ in self.sizes]
+        self._events = 0
+        self._windows = 0
+        self._latencies: list[float] = []
+        self._max_depth = 0
+        self._probe_from: int | None = None  # index to return to if a probe loses
+        self._probe_windows = 0  # decision windows the current probe has run
+        self._probe_gap = 1
+        self._next_probe = 1  # window number of the next allowed probe
+        self._settled_cost: float | None = None
+        self._record("start: declared values")
+
+    # -- what the batcher asks -----------------------------------------------------------
+    @property
+    def cap(self) -> int:
+        return self.sizes[self._i]
+
+    @property
+    def wait_ms(self) -> float:
+        return 0.0 if self.cap == 1 else self._wait_ms
+
+    @property
+    def settled_cap(self) -> int:
+        """The cap without a probe in progress (the one a probe returns to if it loses)."""
+        return self.sizes[self._probe_from if self._probe_from is not None else self._i]
+
+    def formed(self, queue_depth: int) -> None:
+        """The batcher is forming a batch with ``queue_depth`` items waiting (demand for a bigger cap)."""
+        self._max_depth = max(self._max_depth, queue_depth)
+
+    # -- what the batcher tells it ---------------------------------------------------------
+    def observe(self, event: BatchEvent) -> None:
+        if not event.ok or event.items < 1:
+            return
+        b = self._bin_of(event.items)
+        self._bins[b].add(event.compute_ms / event.items, self.alpha, self._windows)
+        self._latencies.extend(q + event.compute_ms for q in event.queue_ms)
+        self._events += 1
+        if self._events >= self.window:
+            self._decide()
+
+    # -- deciding --------------------------------------------------------------------------
+    def _bin_of(self, n: int) -> int:
+        for i, s in enumerate(self.sizes):
+            if n <= s:
+                return i
+        return len(self.sizes) - 1
+
+    def _known(self, i: int, max_age: int | None = None) -> float | None:
+        """Bin ``i``'s per-item cost, if measured enough and within ``max_age`` windows."""
+        b = self._bins[i]
+        age = self.stale_windows if max_age is None else max_age
+        if b.cost is None or b.samples < self.min_samples or self._windows - b.window > age:
+            return None
+        return b.cost
+
+    def _cheaper(self, j: int, i: int) -> bool:
+        """Bin j's per-item cost is below bin i's by the hysteresis and by twice the noise of both."""
+        a, b = self._bins[j], self._bins[i]
+        if a.cost is None or b.cost is None:
+            return False
+        noise = 2 * math.hypot(a.stderr(self.alpha), b.stderr(self.alpha))
+        return a.cost < b.cost * (1 - self.hysteresis) and b.cost - a.cost > noise
+
+    def _decide(self) -> None:
+        self._windows += 1
+        latencies, self._latencies, self._events = self._latencies, [], 0
+        depth, self._max_depth = self._max_depth, 0
+        if self.target_p95_ms is not None and latencies and self._latency(latencies):
+            return
+        if self._probe_from is not None:
+            self._end_probe()
+            return
+        here = self._known(self._i)
+        if here is None:
+            return  # calls are not filling this cap's bin (light traffic): the cap does not matter
+        drift = abs(here - self._settled_cost) if self._settled_cost is not None else 0.0
+        noise = 2 * self._bins[self._i].stderr(self.alpha)
+        if self._settled_cost is not None and drift > max(self.hysteresis * self._settled_cost, noise):
+            self._probe_gap, self._next_probe = 1, self._windows  # cost changed: look around now
+            self._settled_cost = here
+        for j in (self._i - 1, self._i + 1):
+            if not 0 <= j <= self._ceiling or (j > self._i and depth < self.sizes[j]):
+                continue
+            there = self._known(j, max_age=1)  # compare only with what was measured just now
+            if there is not None and self._cheaper(j, self._i):
+                self._move(j, f"per-item {there:.3g} ms at {self.sizes[j]} < {here:.3g} ms at {self.cap}")
+                return
+        if self._windows >= self._next_probe:
+            self._probe(depth)
+
+    def _probe(self, depth: int) -> None:
+        """Try the neighbour measured longest ago (never a cap the queue could not fill)."""
+        allowed = [
+            j for j in (self._i - 1, self._i + 1) if 0 <= j <= self._ceiling and (j < self._i or depth >= self.sizes[j])
+        ]
+        if not allowed:
+            return
+        j = min(allowed, key=lambda j: (self._bins[j].samples > 0, self._bins[j].window))
+        self._bins[j] = _Bin()  # measure it afresh
+        self._probe_from, self._i, self._probe_windows = self._i, j, 0
+        self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
+
+    def _end_probe(self) -> None:
+        assert self._probe_from is not None
+        home, probed = self._probe_from, self._i
+        there, back = self._known(probed), self._known(home, max_age=self._probe_windows + 2)
+        self._probe_windows += 1
+        if there is None and self._probe_windows < 2:
+            return  # not enough calls at the probed cap yet
+        self._probe_from = None
+        if there is None:  # traffic fell: calls do not fill the probed cap, so it cannot be measured
+            self._i = home
+            self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
+            self._next_probe = self._windows + self._probe_gap
+            self._record(f"probe abandoned: no calls filled cap {self.sizes[probed]}")
+            return
+        if back is None or self._cheaper(probed, home):
+            self._probe_gap = 1
+            self._next_probe = self._windows + 1
+            self._settled_cost = there
+            cost = "unmeasured (calls no longer fill it)" if back is None else f"{back:.3g} ms"
+            self._record(f"probe won: per-item {there:.3g} ms at {self.cap} < {cost} at {self.sizes[home]}")
+            return
+        self._i = home
+        self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
+        self._next_probe = self._windows + self._probe_gap
+        self._settled_cost = back
+        self._record(f"probe lost: per-item {there:.3g} ms at {self.sizes[probed]} vs {back:.3g} ms at {self.cap}")
+
+    def _move(self, j: int, reason: str) -> None:
+        self._i = j
+        self._probe_gap, self._next_probe = 1, self._windows + 1
+        self._settled_cost = self._known(j)
+        self._record(reason)
+
+    def _latency(self, latencies: list[float]) -> bool:
+        """Keep the window's p95 under the target; True when it changed a setting."""
+        assert self.target_p95_ms is not None
+        ordered = sorted(latencies)
+        p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+        target = self.target_p95_ms
+        if p95 > target:
+            if self._wait_ms > 0 and self.cap > 1:
+                self._wait_ms = self._wait_ms / 2 if self._wait_ms > 0.25 else 0.0
+                self._record(f"p95 {p95:.3g} ms > target {target:g} ms: wait down")
+                return True
+            if self._i > 0:
+                self._probe_from = None
+                self._i = self._ceiling = self._i - 1
+                self._probe_gap, self._next_probe = 1, self._windows + 1
+                self._record(f"p95 {p95:.3g} ms > target {target:g} ms: cap down")
+                return True
+            return False
+        if p95 < target / 2:
+            if self._ceiling < len(self.sizes) - 1:
+                self._ceiling += 1  # allow cost to raise the cap again (it does not raise it itself)
+            if self._wait_ms < self.policy.max_delay_ms and self.cap > 1:
+                self._wait_ms = min(float(self.policy.max_delay_ms), max(0.25, self._wait_ms * 2))
+                self._record(f"p95 {p95:.3g} ms < half the target {target:g} ms: wait up")
+                return True
+        return False
+
+    def _record(self, reason: str) -> None:
+        self.decisions.append(Decision(self.clock(), self.cap, self.wait_ms, reason))

@@ -1,0 +1,269 @@
+"""The dynamic batch controller, driven by synthetic call timings and a synthetic clock.
+
+Each step asks the controller for its cap, makes a call of that many items whose compute time
+comes from a cost model the test controls, and feeds the event back. No wall clock is read.
+"""
+
+import asyncio
+import random
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from usg.errors import GraphError
+from usg.graph import BatchPolicy, load_graph
+from usg.records import BatchEvent
+from usg.runtime.batcher import BatchingRunner
+from usg.runtime.controller import BatchController, candidate_sizes
+from usg.testing import FakeBackend
+
+Cost = Callable[[int], float]  # items in a call -> compute ms of the call
+
+
+def linear(a: float, b: float) -> Cost:
+    return lambda n: a + b * n
+
+
+def superlinear(a: float, b: float, c: float) -> Cost:
+    return lambda n: a + b * n + c * n * n
+
+
+class Sim:
+    """A saturated model: the queue always holds ``depth`` items; each call takes cost(n) ms."""
+
+    def __init__(self, ctl: BatchController, depth: int = 64, noise: float = 0.0, seed: int = 0) -> None:
+        self.ctl, self.depth, self.noise = ctl, depth, noise
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.caps: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, calls: int, cost: Cost, queue_ms: Callable[[int], float] = lambda n: 0.0) -> None:
+        for _ in range(calls):
+            self.ctl.formed(self.depth)
+            n = min(self.ctl.cap, self.depth)
+            ms = cost(n) * (1 + self.rng.uniform(-self.noise, self.noise))
+            self.caps.append(self.ctl.cap)
+            self.now += ms / 1e3
+            self.ctl.observe(BatchEvent("m", n, n, 0, 0, (queue_ms(n),) * n, ms, True))
+
+
+def make(policy: BatchPolicy, **kw) -> tuple[BatchController, Sim]:
+    sim_box: list[Sim] = []
+    ctl = BatchController("m", policy, clock=lambda: sim_box[0].now if sim_box else 0.0, **kw)
+    sim = Sim(ctl)
+    sim_box.append(sim)
+    return ctl, sim
+
+
+def settled_changes(ctl: BatchController, after: float) -> int:
+    """Moves of the settled cap (probes that return do not count) after time ``after``."""
+    kept = ("probe lost", "probe abandoned", "start")
+    changes = [d for d in ctl.decisions if not re.match(r"probe \d", d.reason) and not d.reason.startswith(kept)]
+    return sum(1 for d in changes if d.time > after)
+
+
+def test_candidate_caps_are_powers_of_two_up_to_max_size_or_the_preferred_sizes():
+    assert candidate_sizes(BatchPolicy(max_size=8)) == (1, 2, 4, 8)
+    assert candidate_sizes(BatchPolicy(max_size=12)) == (1, 2, 4, 8, 12)
+    assert candidate_sizes(BatchPolicy(max_size=16, preferred_sizes=(4, 16))) == (1, 4, 16)
+    assert candidate_sizes(BatchPolicy(max_size=1)) == (1,)
+
+
+def test_superlinear_cost_finds_batch_one_like_pp_ocr_rec_on_cpu():
+    # per item: 1.0 ms at n=1, ~3x at n=8 (what usg tune measured for rec on this CPU)
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    assert (ctl.cap, ctl.wait_ms) == (8, 3.0)  # starts from the declared values
+    sim.run(400, superlinear(0.0, 0.7, 0.3))
+    assert ctl.settled_cap == 1
+    assert ctl.wait_ms == 0.0  # batch 1 has nothing to wait for
+    assert any(d.cap == 1 and "per-item" in d.reason for d in ctl.decisions)
+
+
+def test_fixed_overhead_keeps_the_declared_max_size_and_never_exceeds_it():
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    sim.run(600, linear(10.0, 1.0))
+    assert ctl.settled_cap == 8
+    assert max(sim.caps) == 8 and min(sim.caps) >= 1
+    assert all(d.wait_ms <= 3.0 for d in ctl.decisions)
+
+
+def test_convex_cost_converges_to_the_interior_optimum():
+    # per item 16/n + 1 + 0.25 n: 17.3, 9.5, 6, 5 (n=8), 6, 9.5 (n=32); each neighbour of 8 is
+    # more than the 10% hysteresis worse (a neighbour within 10% would be kept, by design)
+    ctl, sim = make(BatchPolicy(max_size=32, max_delay_ms=2, adaptive=True))
+    sim.run(800, superlinear(16.0, 1.0, 0.25))
+    assert ctl.settled_cap == 8
+
+
+def test_steady_load_with_noise_does_not_oscillate():
+    ctl, sim = make(BatchPolicy(max_size=32, max_delay_ms=2, adaptive=True))
+    sim.noise = 0.05
+    sim.run(800, superlinear(16.0, 1.0, 0.25))
+    assert ctl.settled_cap == 8
+    converged_at = sim.now
+    decisions_before = len(ctl.decisions)
+    sim.run(4000, superlinear(16.0, 1.0, 0.25))
+    assert ctl.settled_cap == 8
+    assert settled_changes(ctl, converged_at) == 0
+    # probes back off: over 4000 calls (~330 decision windows) only a few probes
+    probes = [d for d in list(ctl.decisions)[decisions_before:] if d.reason.startswith("probe ")]
+    assert len(probes) <= 12
+    tail = sim.caps[-4000:]
+    assert tail.count(8) / len(tail) >= 0.9
+
+
+def test_heavy_noise_still_finds_batch_one_and_never_returns_to_eight():
+    # rec-like cost, each call's time swinging +-60% (a shared CPU); the neighbours 1 and 2
+    # differ by 30% per item, so probes of 2 recur (measured: about 25% of calls), 8 never
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    sim.noise = 0.6
+    sim.run(4000, superlinear(0.0, 0.7, 0.3))
+    tail = sim.caps[-3000:]
+    assert ctl.settled_cap == 1
+    assert tail.count(1) / len(tail) >= 0.65
+    assert max(tail) <= 2
+
+
+def test_reacts_when_the_cost_changes():
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    sim.run(600, linear(10.0, 1.0))
+    assert ctl.settled_cap == 8
+    sim.run(1500, superlinear(0.0, 0.7, 0.3))  # e.g. the machine got busy: big batches now cost more
+    assert ctl.settled_cap == 1
+    sim.run(3000, linear(10.0, 1.0))
+    assert ctl.settled_cap == 8
+
+
+def test_latency_target_lowers_the_wait_then_the_cap():
+    # a call of n items takes 2n ms and each item waited 4 ms per item of its batch
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=4, adaptive=True, target_p95_ms=20))
+    sim.run(400, linear(0.0, 2.0), queue_ms=lambda n: 4.0 * n)
+    # p95 = 6n ms must stay under 20 ms: at most 2 items per batch (cost alone prefers none)
+    assert ctl.settled_cap <= 2
+    assert any("wait down" in d.reason for d in ctl.decisions)
+    assert any("cap down" in d.reason for d in ctl.decisions)
+    assert ctl.wait_ms < 4.0
+
+
+def test_light_traffic_never_probes_a_cap_the_queue_cannot_fill():
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    sim.run(400, superlinear(0.0, 0.7, 0.3))
+    assert ctl.settled_cap == 1
+    sim.depth = 1  # one item at a time: a larger cap cannot be measured, so it is not tried
+    sim.run(2000, linear(10.0, 1.0))
+    assert max(sim.caps[-1900:]) == 1  # a probe under way when traffic fell is abandoned
+
+
+def test_failed_calls_are_not_costs():
+    ctl, _ = make(BatchPolicy(max_size=8, adaptive=True))
+    for _ in range(100):
+        ctl.observe(BatchEvent("m", 8, 8, 0, 0, (0.0,) * 8, 1e6, False))
+    assert ctl.cap == 8 and len(ctl.decisions) == 1
+
+
+def test_decision_history_is_bounded():
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True), history=5, max_probe_gap=1)
+    sim.run(3000, superlinear(16.0, 1.0, 0.25))
+    assert len(ctl.decisions) == 5
+
+
+# -- the batcher consults the controller ----------------------------------------------------------
+
+
+def test_batcher_forms_batches_of_the_controller_cap_and_feeds_it_events():
+    async def main():
+        fake = FakeBackend(lambda i: {"y": i["x"] * 2})
+        pool = ThreadPoolExecutor(2)
+        runner = BatchingRunner("m", fake, pool, BatchPolicy(max_size=8, max_delay_ms=50, adaptive=True))
+        assert runner.controller is not None and runner.batch_cap == 8
+        runner.controller._i = 1  # cap 2, as if the controller had chosen it
+        await runner.start()
+        try:
+            items = [{"x": np.full((1, 3), k, np.float32)} for k in range(8)]
+            outs = await asyncio.gather(*(runner.submit(it) for it in items))
+        finally:
+            await runner.stop()
+            pool.shutdown()
+        return fake, runner, outs
+
+    fake, runner, outs = asyncio.run(main())
+    assert [int(o["y"][0, 0]) for o in outs] == [2 * k for k in range(8)]
+    assert [len(c["x"]) for c in fake.calls] == [2, 2, 2, 2]
+    assert runner.controller._events == 4  # each call was fed back (a window is 12 calls)
+
+
+def test_without_adaptive_the_declared_values_hold():
+    runner = BatchingRunner(
+        "m", FakeBackend(lambda i: i), ThreadPoolExecutor(1), BatchPolicy(max_size=8, max_delay_ms=3)
+    )
+    assert runner.controller is None
+    assert (runner.batch_cap, runner.batch_wait_ms) == (8, 3.0)
+    runner.pool.shutdown()
+
+
+def test_metrics_show_the_cap_and_wait_per_model():
+    pytest.importorskip("prometheus_client")
+    from usg.serve.metrics import ServeMetrics
+
+    pool = ThreadPoolExecutor(1)
+    runner = BatchingRunner(
+        "rec", FakeBackend(lambda i: i), pool, BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True)
+    )
+    metrics = ServeMetrics()
+    metrics.bind_runners({"rec": runner})
+    text = metrics.render().decode()
+    assert 'usg_batch_cap{model="rec"} 8.0' in text
+    assert 'usg_batch_wait_seconds{model="rec"} 0.003' in text
+    assert runner.controller is not None
+    runner.controller._i = 0
+    text = metrics.render().decode()
+    assert 'usg_batch_cap{model="rec"} 1.0' in text and 'usg_batch_wait_seconds{model="rec"} 0.0' in text
+    pool.shutdown()
+
+
+# -- graph fields ---------------------------------------------------------------------------------
+
+GRAPH = """
+inputs: {text: {modality: text}}
+models:
+  tok:
+    backend: python
+    options: {callable: "testops:identity"}
+    batch: {max_size: 4%s}
+nodes:
+  t: {model: tok, inputs: {x: inputs.text}}
+outputs: {y: t.y}
+"""
+
+
+def graph(tmp_path: Path, batch: str) -> Path:
+    p = tmp_path / "g.yaml"
+    p.write_text(GRAPH % batch)
+    return p
+
+
+def test_graph_declares_adaptive_and_a_latency_target(tmp_path):
+    g = load_graph(graph(tmp_path, ", adaptive: true, target_p95_ms: 250"))
+    assert (g.models["tok"].batch.adaptive, g.models["tok"].batch.target_p95_ms) == (True, 250.0)
+    g = load_graph(graph(tmp_path, ""))
+    assert (g.models["tok"].batch.adaptive, g.models["tok"].batch.target_p95_ms) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [
+        (", adaptive: yes please", r"batch\.adaptive: adaptive is 'yes please'\n.*fix: write adaptive: true"),
+        (", target_p95_ms: 0", r"batch\.target_p95_ms: target_p95_ms is 0.0\n.*positive number"),
+        (", target_p95_ms: fast", r"batch\.target_p95_ms: target_p95_ms is 'fast'"),
+    ],
+)
+def test_bad_controller_fields_name_field_value_and_fix(tmp_path, batch, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph(tmp_path, batch))
