@@ -40,6 +40,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "usg.doctor.onnx.checks",
     "usg.doctor.onnx.semantics",
     "usg.doctor.onnx.runtime_compat",
+    "usg.doctor.onnx.quantized",
     "usg.doctor.triton.checks",
     "usg.doctor.triton.crosscheck",
     "usg.doctor.triton.ensemble",
