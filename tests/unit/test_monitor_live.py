@@ -203,3 +203,24 @@ def test_a_monitor_behind_drops_and_counts_instead_of_queueing(reference: Path) 
         monitor.request_values(f"r{i}", {"text": "hello", "image": big}, {})
     assert monitor.dropped == 300 - 5
     assert monitor.process_pending() == 5 and monitor.pending_bytes == 0
+
+
+def test_health_cache_hit_ratio_counts_node_cache_lookups_in_the_window(reference: Path) -> None:
+    from usg.monitor.profile import load_profile
+    from usg.records import CacheEvent
+
+    graph = load_graph(MONITOR / "graph.yaml")
+    now = [1000.0]
+    monitor = LiveMonitor(graph, load_profile(reference), clock=lambda: now[0])
+    for i, text in enumerate(_texts(20, 3)):
+        now[0] = 1000.0 + i
+        monitor.request_values(f"r{i}", {"text": text}, {})
+        monitor.request_finished(f"r{i}", ["text"], 0.01, "ok", [])
+        outcome = "hit" if i % 4 else "miss"  # 15 of 20 lookups hit
+        monitor.cache_event(CacheEvent("embed", "memory", outcome, 0.0001))
+        monitor.cache_event(CacheEvent("embed", "memory", "store", 0.0001))  # a store is not a lookup
+        monitor.process_pending()
+    comps = {c["name"]: c for c in monitor.health()["components"]}
+    assert comps["cache_hit_ratio"]["applicable"] is True
+    assert comps["cache_hit_ratio"]["value"] == pytest.approx(15 / 20)
+    assert comps["cache_hit_ratio"]["effective_weight"] > 0

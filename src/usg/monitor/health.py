@@ -8,7 +8,7 @@ weights are renormalised:
   relative to the median latency, over fixed bins, normalised to 0–1; score = 1 − entropy.
 - ``modality_missing``: how much less often each modality arrives than in the reference profile
   (mean over modalities of max(0, reference presence − live presence)); score = 1 − that.
-- ``cache_hit_ratio``: hits / lookups of a node cache (not applicable: USG has no cache yet).
+- ``cache_hit_ratio``: hits / lookups of the node cache in the window (not applicable when the graph has no cache).
 - ``error_rate`` / ``rejection_rate``: failed (error, timeout) / refused (429, 413, 400, 503; not
   timeouts, which count as failures) share;
   score = max(0, 1 − 10 × rate) (10 % fails the component).

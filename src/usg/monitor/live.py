@@ -28,6 +28,7 @@ from usg.monitor.features import sniff_format
 from usg.monitor.health import RequestRecord, health_score
 from usg.monitor.sketch import Observation, summarize
 from usg.monitor.tap import Tap
+from usg.records import CacheEvent
 from usg.specs import Modality
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ _PENDING_BYTES = 256 * 2**20  # decoded arrays held for the worker (a 40 MP imag
 _HISTORY = 20
 _TICK_S = 0.25
 _TIME_WINDOW_CAP = 20_000
+_CACHE_LOOKUPS = 20_000  # node-cache lookups kept for the hit ratio of the health window
 
 
 def _with_arrays(doc: Any) -> Any:
@@ -101,6 +103,8 @@ class LiveMonitor(ServeAddon):
         self._ctx: ServeContext | None = None
         self._presence = self._reference_presence()
         self.versions: dict[str, Any] = {"checked": False}
+        # (time, hit) of node-cache lookups; empty (not applicable) while the graph has no cache
+        self._cache_lookups: collections.deque[tuple[float, bool]] = collections.deque(maxlen=_CACHE_LOOKUPS)
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, ctx: ServeContext) -> None:
@@ -312,6 +316,17 @@ class LiveMonitor(ServeAddon):
                 presence[m] = max(presence.get(m, 0.0), float(share))
         return presence
 
+    def cache_event(self, event: CacheEvent) -> None:
+        """A node-cache lookup counts toward the health score's hit ratio (hit or coalesced / lookups)."""
+        if event.outcome in ("hit", "coalesced", "miss"):
+            self._cache_lookups.append((self.clock(), event.outcome != "miss"))
+
+    def _cache_ratio(self, start: float) -> tuple[int, int] | None:
+        if not self._cache_lookups:
+            return None
+        window = [hit for t, hit in self._cache_lookups if t >= start]
+        return sum(window), len(window)
+
     def health(self) -> dict[str, Any]:
         now = self.clock()
         win = self.config.window
@@ -329,6 +344,7 @@ class LiveMonitor(ServeAddon):
             reference_presence=self._presence,
             rejected=rejected,
             saturation=sat,
+            cache=self._cache_ratio(start),
         )
 
     def snapshot(self) -> dict[str, Any]:
