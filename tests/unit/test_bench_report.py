@@ -11,7 +11,7 @@ from rich.console import Console
 from usg.bench.breakdown import BreakdownObserver, breakdown_from_metrics, parse_prometheus
 from usg.bench.equivalence import check_equivalence, compare_outputs
 from usg.bench.loadgen import LoadResult
-from usg.bench.report import BenchReport, ratio_rows, render_report, report_json
+from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, ratio_rows, render_report, report_json
 from usg.runtime.batcher import BatchEvent
 from usg.runtime.observer import NodeEvent
 
@@ -155,3 +155,26 @@ def test_plots_of_a_run_where_no_request_completed(tmp_path):
     paths = write_plots(rep, tmp_path)  # no "no artists with labels" warning (an error under pytest)
     assert [p.name for p in paths] == ["latency_cdf.png", "throughput.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_ratios_carry_their_spread_over_rounds_and_warn_on_few_requests():
+    rep = BenchReport("graph.yaml", "graph.yaml", "closed", 6.0, 1.0)
+    usg, seq = result("usg", 16, 40, 100.0), result("sequential", 16, 9, 200.0)
+    usg.extra["round_rps"], seq.extra["round_rps"] = [10.0, 12.0, 8.0], [5.0, 4.0, 8.0]
+    rep.results = [usg, seq]
+    (row,) = ratio_rows(rep)
+    assert row["round_ratios"] == [2.0, 3.0, 1.0]
+    assert row["few_requests"] is True  # the baseline completed 9 (< 30) requests
+    buf = io.StringIO()
+    render_report(rep, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "(1.00–3.00 over 3 rounds)" in text and f"< {MIN_RELIABLE_REQUESTS} requests" in text
+
+
+def test_a_single_round_with_enough_requests_has_no_spread_or_warning():
+    rows = {r["system"]: r for r in ratio_rows(make_report())}
+    assert rows["http-stitched"]["round_ratios"] is None
+    assert rows["http-stitched"]["few_requests"] is True  # 20 requests
+    rep = make_report()
+    rep.results[1].latencies_ms *= 2  # 40 requests
+    assert {r["system"]: r for r in ratio_rows(rep)}["http-stitched"]["few_requests"] is False

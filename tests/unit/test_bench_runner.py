@@ -56,6 +56,9 @@ def test_rounds_merge_per_system_and_level_and_bounds_follow_each_usg_run(graph)
     assert report.equivalence["sequential"].ok
     assert len(bounds) == 4 and set(report.bound["achieved"]) == {"1", "2"}
     assert any("2 rounds per system and level" in n for n in report.notes)
+    assert all(len(r.extra["round_rps"]) == 2 for r in report.results)  # one throughput per round
+    few = [r for r in report.results if r.completed < 30]
+    assert len([n for n in report.notes if "fewer than 30" in n]) == len(few)
 
 
 def test_compare_without_a_graph_is_refused():

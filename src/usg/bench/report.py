@@ -71,8 +71,23 @@ def ratio_rows(report: BenchReport) -> list[dict[str, Any]]:
                 p95_ratio=(r.p(95) / ref.p(95)) if ref.p(95) > 0 else None,
                 refused=None,
             )
+            row.update(_round_spread(ref, r))
+        row["few_requests"] = min(r.completed, ref.completed if ref is not None else 0) < MIN_RELIABLE_REQUESTS
         rows.append(row)
     return rows
+
+
+#: fewer completed requests than this make a ratio unreliable (a warning is printed beside it)
+MIN_RELIABLE_REQUESTS = 30
+
+
+def _round_spread(ref: LoadResult, r: LoadResult) -> dict[str, Any]:
+    """Per-round throughput ratios (USG / baseline) when both ran the same rounds: their min and max."""
+    usg, base = ref.extra.get("round_rps") or [], r.extra.get("round_rps") or []
+    if len(usg) < 2 or len(usg) != len(base):
+        return {"round_ratios": None}
+    ratios = [u / b if b > 0 else float("inf") for u, b in zip(usg, base, strict=True)]
+    return {"round_ratios": ratios}
 
 
 def report_json(report: BenchReport) -> dict[str, Any]:
@@ -178,12 +193,13 @@ def render_report(report: BenchReport, console: Any) -> None:
             if row["refused"]:
                 t.add_row(row["system"], _fmt(row["level"], "g"), f"refused: {row['refused']}", "–")
             else:
-                t.add_row(
-                    row["system"],
-                    _fmt(row["level"], "g"),
-                    _fmt(row["throughput_ratio"], ".2f") + "×",
-                    _fmt(row["p95_ratio"], ".2f") + "×",
-                )
+                spread = row.get("round_ratios")
+                text = _fmt(row["throughput_ratio"], ".2f") + "×"
+                if spread:
+                    text += f" ({min(spread):.2f}–{max(spread):.2f} over {len(spread)} rounds)"
+                if row.get("few_requests"):
+                    text += f" ⚠ < {MIN_RELIABLE_REQUESTS} requests"
+                t.add_row(row["system"], _fmt(row["level"], "g"), text, _fmt(row["p95_ratio"], ".2f") + "×")
         console.print(t)
     if report.bound:
         b = report.bound

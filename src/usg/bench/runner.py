@@ -9,7 +9,7 @@ from typing import Any
 
 from usg.bench.equivalence import check_equivalence
 from usg.bench.loadgen import LoadResult, ProgressFn, run_closed, run_open
-from usg.bench.report import BenchReport, run_label
+from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, run_label
 from usg.bench.samples import Sample, sample_cycle
 from usg.bench.targets import InProcessTarget, UrlTarget, is_url
 from usg.errors import UsageError
@@ -157,6 +157,7 @@ class _Run:
                 cb = self.progress(target.name, label, cfg.warmup_s + cfg.duration_s) if self.progress else None
                 result = await _load(target, cfg, level, cb)
                 key = (target.name, level)
+                result.extra.setdefault("round_rps", [result.throughput])
                 if key in self.merged:
                     _merge(self.merged[key], result)
                 else:
@@ -181,6 +182,12 @@ class _Run:
         """Results in report order (systems as given, then load levels), bounds and notes."""
         for target in self.systems:
             self.report.results.extend(self.merged[(target.name, level)] for level in self.levels)
+        for r in self.report.results:
+            if r.completed < MIN_RELIABLE_REQUESTS:
+                self.report.notes.append(
+                    f"{run_label(r)} completed only {r.completed} request(s) (fewer than {MIN_RELIABLE_REQUESTS}): "
+                    "ratios involving it are not reliable; fix: raise --duration (or --rounds)"
+                )
         if self.bounds:
             self.report.bound = _summarize_bounds(self.bounds, self.levels)
         if self.cfg.rounds > 1:
@@ -214,6 +221,7 @@ def _need(graph: Graph | None) -> Graph:
 
 
 def _merge(into: LoadResult, more: LoadResult) -> None:
+    into.extra.setdefault("round_rps", []).extend(more.extra.get("round_rps", [more.throughput]))
     into.latencies_ms.extend(more.latencies_ms)
     into.duration_s += more.duration_s
     into.errors += more.errors
