@@ -63,7 +63,8 @@ def test_bench_url_target_reads_server_metrics(tmp_path):
 
     server = start_server(GRAPH, tmp=tmp_path)
     try:
-        doc = invoke("bench", server.url, "--duration", "4", "--warmup", "1", "--concurrency", "2", "--json")
+        # long enough that document requests finish on a loaded 2-core machine (the first ones warm up)
+        doc = invoke("bench", server.url, "--duration", "10", "--warmup", "2", "--concurrency", "2", "--json")
     finally:
         server.stop()
     (run,) = doc["results"]

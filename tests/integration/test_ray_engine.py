@@ -53,7 +53,10 @@ def graph() -> Graph:
         },
         nodes={"lines": DeployPolicy(own_deployment=True)},
     )
-    return dataclasses.replace(g, deploy=deploy)
+    # no node cache: these tests count model calls and object-store bytes, which repeated documents
+    # answered from the router's cache would not make
+    nodes = {name: dataclasses.replace(node, cache=None) for name, node in g.nodes.items()}
+    return dataclasses.replace(g, deploy=deploy, nodes=nodes, cache=None)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,12 @@ def _codes(findings: list[Finding], prefix: str = "") -> list[str]:
 # -- item 5: ensembles across repositories ------------------------------------------------------
 
 
+def _needs_triton() -> None:
+    pytest.importorskip("tritonclient", reason="Triton config checks need the triton extra: pip install 'usg[triton]'")
+
+
 def test_ensemble_step_missing_everywhere_is_one_finding_not_a_cascade(tmp_path: Path) -> None:
+    _needs_triton()
     ens = _copy(tmp_path, "qa/L0_lifecycle/ensemble_zero_1_float32", "lifecycle")
     findings = [f for f in run_doctor([ens.parent]).findings if f.location.file.startswith(str(ens))]
     assert _codes(findings, "TRITON03") == ["TRITON031"]
@@ -52,6 +57,7 @@ def test_ensemble_step_missing_everywhere_is_one_finding_not_a_cascade(tmp_path:
 
 
 def test_ensemble_step_resolves_in_a_second_repository(tmp_path: Path) -> None:
+    _needs_triton()
     ens = _copy(tmp_path, "qa/L0_lifecycle/ensemble_zero_1_float32", "lifecycle")
     step = _copy(tmp_path, "qa/custom_models/custom_zero_1_float32", "custom_models")
     report = run_doctor([ens.parent, step.parent])
@@ -60,6 +66,7 @@ def test_ensemble_step_resolves_in_a_second_repository(tmp_path: Path) -> None:
 
 
 def test_ensemble_wiring_is_still_checked_across_repositories(tmp_path: Path) -> None:
+    _needs_triton()
     ens = _copy(tmp_path, "qa/L0_lifecycle/ensemble_zero_1_float32", "lifecycle")
     step = _copy(tmp_path, "qa/custom_models/custom_zero_1_float32", "custom_models")
     cfg = step / "config.pbtxt"
@@ -99,6 +106,7 @@ def _sequence_model(path: Path, dyna: bool) -> None:
 
 @pytest.mark.parametrize("name", ["simple_sequence", "simple_dyna_sequence"])
 def test_sequence_control_inputs_are_model_inputs(tmp_path: Path, name: str) -> None:
+    _needs_triton()
     d = _copy(tmp_path, f"docs/examples/model_repository/{name}")
     _sequence_model(d / "1" / "model.onnx", dyna=name == "simple_dyna_sequence")
     findings = run_doctor([d]).findings
@@ -107,6 +115,7 @@ def test_sequence_control_inputs_are_model_inputs(tmp_path: Path, name: str) -> 
 
 
 def test_undeclared_input_that_is_no_control_input_is_still_reported(tmp_path: Path) -> None:
+    _needs_triton()
     d = _copy(tmp_path, "docs/examples/model_repository/simple_sequence")
     cfg = d / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('name: "READY"', 'name: "NOT_READY"'))
@@ -116,6 +125,7 @@ def test_undeclared_input_that_is_no_control_input_is_still_reported(tmp_path: P
 
 
 def test_overridable_initializer_is_a_legitimate_input(tmp_path: Path) -> None:
+    _needs_triton()
     d = _copy(tmp_path, "qa/L0_initializer_as_input/models/add_with_initializer")
     init = helper.make_tensor("INITIALIZER", T.FLOAT, [5, 5], [0.0] * 25)
     graph = helper.make_graph(

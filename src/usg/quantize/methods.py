@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
-from usg.errors import UsageError
+from usg.errors import MissingDependency, UsageError
 
 __all__ = [
     "CALIBRATIONS",
@@ -203,7 +203,11 @@ def quantize_model(src: Path, dst: Path, settings: QuantSettings, items: Sequenc
 
 def _quantize_int4(src: Path, dst: Path, settings: QuantSettings) -> None:
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:  # the quantizer imports onnx_ir, which comes with onnxscript (usg[torch])
+        raise MissingDependency(exc.name or "onnx_ir", "torch", "usg quantize --method int4") from None
 
     model = onnx.load(str(src))
     quant = MatMulNBitsQuantizer(
