@@ -17,7 +17,7 @@ from typing import Any
 from usg.records import BatchEvent, ItemTiming
 from usg.specs import TensorSpec
 
-__all__ = ["Backend", "BackendState", "DeclaredSpecsBackend"]
+__all__ = ["Backend", "BackendState", "DeclaredSpecsBackend", "DelegatingBackend"]
 
 
 class BackendState(enum.StrEnum):
@@ -89,6 +89,45 @@ class Backend(abc.ABC):
     @property
     def description(self) -> str:
         return self.kind
+
+
+class DelegatingBackend(Backend):
+    """Wraps another backend and forwards everything to it; subclasses override what they add
+    (recording the items it is given, leaving ``close`` to the inner backend's owner, ...)."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__()
+        self.inner, self.kind, self.inline = inner, inner.kind, inner.inline
+
+    def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
+        return self.inner.runs_inline(inputs)
+
+    @property
+    def input_specs(self) -> Mapping[str, TensorSpec]:
+        return self.inner.input_specs
+
+    @property
+    def output_specs(self) -> Mapping[str, TensorSpec]:
+        return self.inner.output_specs
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        return self.inner.metadata
+
+    @property
+    def description(self) -> str:
+        return self.inner.description
+
+    def load(self) -> None:
+        self.inner.load()
+        self.state = self.inner.state
+
+    def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return self.inner.infer(inputs)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.state = self.inner.state
 
 
 class DeclaredSpecsBackend(Backend):

@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from usg.backends.base import Backend
+from usg.backends.base import Backend, DelegatingBackend
 from usg.bench.samples import Sample
 from usg.graph.model import Graph, ModelDef
 from usg.graph.sidecar import SIDECAR_VERSION
-from usg.specs import TensorSpec
 
 __all__ = [
     "ModelChoice",
@@ -145,33 +144,16 @@ def choose(
 
 
 # -- capturing representative items ------------------------------------------------------------
-class RecordingBackend(Backend):
+class RecordingBackend(DelegatingBackend):
     """Delegates to a backend and keeps every item it is given (batching is off while recording)."""
 
     def __init__(self, inner: Backend) -> None:
-        super().__init__()
-        self.inner = inner
-        self.kind = inner.kind
+        super().__init__(inner)
         self.items: list[dict[str, Any]] = []
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self.inner.input_specs
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self.inner.output_specs
-
-    def load(self) -> None:
-        self.inner.load()
-        self.state = self.inner.state
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         self.items.append(dict(inputs))
         return self.inner.infer(inputs)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def capture_items(graph: Graph, samples: Sequence[Sample]) -> tuple[dict[str, list[dict[str, Any]]], int]:

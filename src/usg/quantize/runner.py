@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from usg.backends.base import Backend, BackendState
+from usg.backends.base import Backend, BackendState, DelegatingBackend
 from usg.bench.samples import Sample
 from usg.errors import UsageError
 from usg.graph.model import Graph
 from usg.quantize.guard import Guard, GuardResult, default_guards, evaluate
 from usg.quantize.methods import QuantSettings, model_size_mb, quantize_model
 from usg.quantize.ranking import rank_nodes, rank_op_types
-from usg.specs import TensorSpec
 
 __all__ = [
     "ModelOutcome",
@@ -118,33 +117,13 @@ def split_samples(samples: Sequence[Sample], holdout: float) -> tuple[list[Sampl
     return [s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held]
 
 
-class _KeepOpen(Backend):
+class _KeepOpen(DelegatingBackend):
     """A loaded backend shared by the evaluations of one run: ``close`` is left to its owner."""
-
-    def __init__(self, inner: Backend) -> None:
-        super().__init__()
-        self.inner, self.kind, self.inline = inner, inner.kind, inner.inline
-        self.runs_inline = inner.runs_inline  # type: ignore[method-assign]
-
-    @property
-    def input_specs(self) -> Mapping[str, TensorSpec]:
-        return self.inner.input_specs
-
-    @property
-    def output_specs(self) -> Mapping[str, TensorSpec]:
-        return self.inner.output_specs
-
-    @property
-    def metadata(self) -> Mapping[str, str]:
-        return self.inner.metadata
 
     def load(self) -> None:
         if self.inner.state is not BackendState.LOADED:
             self.inner.load()
         self.state = self.inner.state
-
-    def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        return self.inner.infer(inputs)
 
     def close(self) -> None:
         pass
