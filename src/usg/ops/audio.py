@@ -9,26 +9,33 @@ resamples to the input's rate. :func:`log_mel` computes Whisper-style log-mel fe
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from usg.errors import InputError, PayloadTooLarge, USGError
+from usg.errors import InputError, MissingDependency, PayloadTooLarge
 from usg.ops.signature import op
 from usg.specs import AudioSpec, TensorSpec
 
-__all__ = ["AUDIO_INSTALL_HINT", "decode_audio", "frame_audio", "frames", "log_mel", "mel_filters"]
-
-AUDIO_INSTALL_HINT = 'pip install "usg[audio]"'
+__all__ = ["decode_audio", "frame_audio", "frames", "log_mel", "mel_filters"]
 
 
 def _soundfile() -> Any:
     try:
         import soundfile
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise USGError(f"audio inputs need soundfile and soxr; fix: {AUDIO_INSTALL_HINT}") from None
+    except ImportError as exc:
+        raise MissingDependency("soundfile", "audio", "decoding audio inputs") from exc
     return soundfile
+
+
+def _soxr() -> Any:
+    try:
+        import soxr
+    except ImportError as exc:
+        raise MissingDependency("soxr", "audio", "resampling audio inputs") from exc
+    return soxr
 
 
 def decode_audio(value: Any, *, field: str = "audio", spec: AudioSpec | None = None) -> np.ndarray:
@@ -74,6 +81,14 @@ def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple
     if info.samplerate <= 0 or info.channels <= 0:
         raise InputError(f"{field}: {label} declares {info.samplerate} Hz, {info.channels} channels", field=field, fix=fix)
     _check_seconds(field, info.frames / info.samplerate, spec)
+    short = _truncated_data_chunk(str(getattr(info, "extra_info", "")))
+    if short is not None:
+        raise InputError(
+            f"{field}: {label} is truncated: its header declares {short[0]} bytes of audio data, "
+            f"the file holds {short[1]}",
+            field=field,
+            fix="re-encode or re-upload the complete file",
+        )
     try:
         samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # truncated or corrupt frames surface as LibsndfileError, RuntimeError ...
@@ -85,6 +100,19 @@ def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple
             fix="re-encode or re-upload the complete file",
         )
     return samples, int(rate)
+
+
+_SHOULD_BE = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
+_STREAMED = (0, 0xFFFFFFFF, 0x7FFFFFFF, 0x7FFFF000)  # size placeholders of WAVs written as a stream
+
+
+def _truncated_data_chunk(extra_info: str) -> tuple[int, int] | None:
+    """(declared, present) bytes when libsndfile reports a WAV data chunk longer than the file holds."""
+    m = _SHOULD_BE.search(extra_info)
+    if m is None:
+        return None
+    declared, present = int(m.group(1)), int(m.group(2))
+    return (declared, present) if declared > present and declared not in _STREAMED else None
 
 
 def _check_seconds(field: str, seconds: float, spec: AudioSpec) -> None:
@@ -118,9 +146,7 @@ def _from_array(arr: np.ndarray, field: str, spec: AudioSpec, rate: int, label: 
         )
     arr = arr.astype(np.float32, copy=False)
     if rate != spec.sample_rate:
-        import soxr
-
-        arr = soxr.resample(arr, rate, spec.sample_rate, quality="HQ").astype(np.float32, copy=False)
+        arr = _soxr().resample(arr, rate, spec.sample_rate, quality="HQ").astype(np.float32, copy=False)
     return np.ascontiguousarray(arr[:, 0] if spec.channels == 1 else arr)
 
 
