@@ -1,4 +1,4 @@
-"""Audio ops on synthetic signals: framing, mel filters and log-mel against transformers, VAD segment rules against silero."""
+"""Audio ops on synthetic signals: framing, mel filters and log-mel vs transformers, VAD segments vs silero."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def test_framing_is_25_ms_every_10_ms_by_default() -> None:
     out = frame_audio(x)["frames"]
     assert out.shape == (1 + (16_000 - 400) // 160, 400)
     np.testing.assert_array_equal(out[3], x[480:880])
-    assert frame_audio(x, sample_rate=8_000, window_ms=32, hop_ms=16)["frames"].shape == (1 + (16_000 - 256) // 128, 256)
+    assert frame_audio(x, sample_rate=8_000, window_ms=32, hop_ms=16)["frames"].shape == (
+        1 + (16_000 - 256) // 128,
+        256,
+    )
     assert frames(x[:100], 400, 160).shape == (0, 400)
     with pytest.raises(ValueError, match=r"1-D samples, got shape \[2, 3\]"):
         frames(np.zeros((2, 3), np.float32), 2, 1)

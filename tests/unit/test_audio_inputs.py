@@ -93,7 +93,9 @@ def test_too_long_is_413_from_the_header_before_decoding(monkeypatch: pytest.Mon
         raise AssertionError("decoded although the header already says the clip is too long")
 
     monkeypatch.setattr(sf, "read", no_read)
-    with pytest.raises(PayloadTooLarge, match=r"speech: audio is 3.0 s long, above the input's limit of 2 s; fix: send"):
+    with pytest.raises(
+        PayloadTooLarge, match=r"speech: audio is 3.0 s long, above the input's limit of 2 s; fix: send"
+    ):
         decode_audio(data, field="speech", spec=AudioSpec(max_seconds=2))
     assert PayloadTooLarge.status == 413
     with pytest.raises(PayloadTooLarge, match=r"audio is 3.0 s long"):
@@ -122,7 +124,9 @@ def test_graph_file_declares_audio_inputs_and_rejects_bad_values(tmp_path: Path)
     d = g.inputs["speech"]
     assert d.modality is Modality.AUDIO and d.audio == AudioSpec(8000, 1, 2.0)
     bad = GRAPH.replace("sample_rate: 8000, channels: 1", "sample_rate: -5, channels: two")
-    with pytest.raises(GraphError, match=r"(?s)inputs.speech.sample_rate: sample_rate is -5\n\s*fix: write a positive int"):
+    with pytest.raises(
+        GraphError, match=r"(?s)inputs.speech.sample_rate: sample_rate is -5\n\s*fix: write a positive int"
+    ):
         load_graph_text(bad, tmp_path)
     with pytest.raises(GraphError, match=r"inputs.speech.channels: channels is 'two'"):
         load_graph_text(bad, tmp_path)
@@ -132,9 +136,13 @@ def test_graph_file_declares_audio_inputs_and_rejects_bad_values(tmp_path: Path)
 
 
 def test_normalize_inputs_decodes_and_limits_audio_inputs() -> None:
-    g = GraphBuilder("b").input("speech", "audio").node(
-        "fr", fn="usg.ops.audio:frame_audio", inputs={"audio": "inputs.speech"}
-    ).output("frames", "fr.frames").build()
+    g = (
+        GraphBuilder("b")
+        .input("speech", "audio")
+        .node("fr", fn="usg.ops.audio:frame_audio", inputs={"audio": "inputs.speech"})
+        .output("frames", "fr.frames")
+        .build()
+    )
     assert g.inputs["speech"].audio == AudioSpec()
     out = normalize_inputs(g, {"speech": encoded(tone(0.1, 48_000), 48_000)})
     assert out["speech"].shape == (1600,)

@@ -79,7 +79,9 @@ def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple
             f"{field}: {label} is not decodable audio (first bytes {data[:8].hex()})", field=field, fix=fix
         ) from None
     if info.samplerate <= 0 or info.channels <= 0:
-        raise InputError(f"{field}: {label} declares {info.samplerate} Hz, {info.channels} channels", field=field, fix=fix)
+        raise InputError(
+            f"{field}: {label} declares {info.samplerate} Hz, {info.channels} channels", field=field, fix=fix
+        )
     _check_seconds(field, info.frames / info.samplerate, spec)
     short = _truncated_data_chunk(str(getattr(info, "extra_info", "")))
     if short is not None:
@@ -185,7 +187,9 @@ def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
     return np.where(mel >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (mel - 15.0)), mel * 200.0 / 3.0)
 
 
-def mel_filters(sample_rate: int, n_fft: int, n_mels: int, f_min: float = 0.0, f_max: float | None = None) -> np.ndarray:
+def mel_filters(
+    sample_rate: int, n_fft: int, n_mels: int, f_min: float = 0.0, f_max: float | None = None
+) -> np.ndarray:
     """``[n_fft // 2 + 1, n_mels]`` triangular Slaney-normalised mel filters (area-normalised by band width)."""
     f_max = sample_rate / 2 if f_max is None else f_max
     fft_hz = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
