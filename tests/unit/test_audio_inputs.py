@@ -194,3 +194,14 @@ def test_usg_run_takes_an_audio_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "bad.wav").write_bytes(b"RIFF0000WAVEjunk")
     code, _, err = run_cli(["run", str(graph), "-i", f"speech={tmp_path / 'bad.wav'}"], capsys)
     assert code != 0 and "speech: file" in err and "is not decodable audio" in err
+
+
+def test_graph_dump_round_trips_the_audio_settings(tmp_path: Path) -> None:
+    import yaml
+
+    from usg.graph.dump import graph_to_mapping
+
+    g = load_graph_text(GRAPH, tmp_path)
+    again = load_graph_text(yaml.safe_dump(graph_to_mapping(g)), tmp_path)
+    assert again.inputs["speech"] == g.inputs["speech"]
+    assert again.inputs["speech"].audio == AudioSpec(8000, 1, 2.0)
