@@ -205,3 +205,22 @@ def test_graph_dump_round_trips_the_audio_settings(tmp_path: Path) -> None:
     again = load_graph_text(yaml.safe_dump(graph_to_mapping(g)), tmp_path)
     assert again.inputs["speech"] == g.inputs["speech"]
     assert again.inputs["speech"].audio == AudioSpec(8000, 1, 2.0)
+
+
+def test_header_with_absurd_channel_count_is_refused_before_decoding() -> None:
+    wav = bytearray(encoded(np.zeros((10, 2), np.float32), 8_000, "WAV", "PCM_16"))
+    wav[22:24] = (200).to_bytes(2, "little")  # fmt chunk: channels
+    with pytest.raises(InputError, match=r"audio: .*(declares 8000 Hz, 200 channels|not decodable audio)"):
+        decode_audio(bytes(wav))
+
+
+def test_missing_soundfile_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from usg.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, "soundfile", None)
+    with pytest.raises(
+        MissingDependency, match=r"decoding audio inputs needs .*'soundfile'.*pip install 'usg\[audio\]'"
+    ):
+        decode_audio(b"RIFF")

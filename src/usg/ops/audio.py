@@ -78,7 +78,7 @@ def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple
         raise InputError(
             f"{field}: {label} is not decodable audio (first bytes {data[:8].hex()})", field=field, fix=fix
         ) from None
-    if info.samplerate <= 0 or info.channels <= 0:
+    if not (0 < info.samplerate <= _MAX_RATE and 0 < info.channels <= _MAX_CHANNELS):  # bounds the decode buffer
         raise InputError(
             f"{field}: {label} declares {info.samplerate} Hz, {info.channels} channels", field=field, fix=fix
         )
@@ -104,6 +104,8 @@ def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple
     return samples, int(rate)
 
 
+_MAX_RATE = 768_000
+_MAX_CHANNELS = 64
 _SHOULD_BE = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
 _STREAMED = (0, 0xFFFFFFFF, 0x7FFFFFFF, 0x7FFFF000)  # size placeholders of WAVs written as a stream
 
