@@ -102,14 +102,22 @@ def test_vad_segments_equal_silero_get_speech_timestamps(talk: Talk) -> None:
         assert abs(s - rs) <= frame_ms and abs(e - re) <= frame_ms, (ours, ref)
 
 
-def test_probabilities_equal_silero_onnx_wrapper_chunk_by_chunk(talk: Talk) -> None:
+@pytest.mark.parametrize("rate", [16_000, 8_000])
+def test_probabilities_equal_silero_onnx_wrapper_chunk_by_chunk(talk: Talk, rate: int) -> None:
     import silero_vad
+    import soxr
     import torch
 
     model = silero_vad.load_silero_vad(onnx=True)
-    x = talk.samples[: 512 * 60]
-    ref = [model(torch.from_numpy(x[i : i + 512]), RATE).item() for i in range(0, x.shape[0], 512)]
-    np.testing.assert_allclose(speech_probabilities(x)["probs"], ref, atol=1e-5)
+    x = talk.samples if rate == RATE else soxr.resample(talk.samples, RATE, rate).astype(np.float32)
+    window = 512 if rate == 16_000 else 256
+    x = x[: window * 80 + 100]  # a partial last chunk, zero-padded by both
+    chunks = [x[i : i + window] for i in range(0, x.shape[0], window)]
+    chunks[-1] = np.pad(chunks[-1], (0, window - chunks[-1].shape[0]))
+    ref = [model(torch.from_numpy(c), rate).item() for c in chunks]
+    ours = speech_probabilities(x, sample_rate=rate)["probs"]
+    assert max(ref) > 0.5  # the excerpt holds speech
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
 
 
 def test_log_mel_equals_whisper_on_real_speech(talk: Talk) -> None:
