@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -191,6 +192,11 @@ def test_usg_run_takes_an_audio_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     code, out, _ = run_cli(["run", str(graph), "-i", f"speech={tmp_path / 'a.wav'}", "--json"], capsys)
     assert code == 0
     assert np.asarray(json.loads(out)["outputs"]["frames"]).shape == (3, 200)
+    # the integrity digest is of the file's bytes, not of its path (the node cache keys on it too)
+    assert (
+        json.loads(out)["integrity"]["speech"]
+        == "sha256:" + hashlib.sha256((tmp_path / "a.wav").read_bytes()).hexdigest()
+    )
     (tmp_path / "bad.wav").write_bytes(b"RIFF0000WAVEjunk")
     code, _, err = run_cli(["run", str(graph), "-i", f"speech={tmp_path / 'bad.wav'}"], capsys)
     assert code != 0 and "speech: file" in err and "is not decodable audio" in err

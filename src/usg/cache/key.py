@@ -101,9 +101,9 @@ def canonical_digest(value: Any) -> str:
 
 
 def input_digest(d: InputDef, value: Any) -> str:
-    """The integrity digest of a graph input as received: the bytes of an encoded image (a path
-    is read), the UTF-8 of a text, the canonical form of an array."""
-    if d.modality is Modality.IMAGE and isinstance(value, (str, Path)):
+    """The integrity digest of a graph input as received: the bytes of an encoded image or audio
+    file (a path is read), the UTF-8 of a text, the canonical form of an array."""
+    if d.modality in (Modality.IMAGE, Modality.AUDIO) and isinstance(value, (str, Path)):
         return file_digest(Path(value))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return hashlib.sha256(value).hexdigest()
