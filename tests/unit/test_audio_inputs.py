@@ -230,3 +230,26 @@ def test_missing_soundfile_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -
         MissingDependency, match=r"decoding audio inputs needs .*'soundfile'.*pip install 'usg\[audio\]'"
     ):
         decode_audio(b"RIFF")
+
+
+def test_node_cache_key_depends_on_the_rate_and_channels_decoding_yields(tmp_path: Path) -> None:
+    from usg.cache.key import node_keys
+
+    g16 = load_graph_text(GRAPH, tmp_path)
+    g8 = load_graph_text(GRAPH.replace("sample_rate: 8000", "sample_rate: 16000"), tmp_path)
+    st = load_graph_text(GRAPH.replace("channels: 1", "channels: 2"), tmp_path)
+    same = load_graph_text(GRAPH.replace("max_seconds: 2", "max_seconds: 5"), tmp_path)
+    keys = [node_keys(g, {"fr": "fn"}, {"speech": "abc"}, ["fr"])["fr"] for g in (g16, g8, st, same)]
+    assert len(set(keys[:3])) == 3
+    assert keys[3] == keys[0]  # the length limit does not change what a node computes
+
+
+def test_openapi_describes_an_audio_input_as_base64(tmp_path: Path) -> None:
+    pytest.importorskip("starlette", reason="needs the serve extra")
+    from starlette.testclient import TestClient
+
+    from usg.serve import create_app
+
+    with TestClient(create_app(load_graph_text(GRAPH, tmp_path), backends={})) as c:
+        text = json.dumps(c.get("/openapi.json").json())
+    assert "base64 of a WAV/FLAC/OGG file" in text

@@ -157,7 +157,8 @@ def node_identity(graph: Graph, node: NodeDef, model_digests: Mapping[str, str])
 def _decode_options(graph: Graph, d: InputDef) -> str:
     spec = d.spec.describe() if d.spec is not None else "-"
     limit = graph.limits.max_image_pixels if d.modality is Modality.IMAGE else graph.limits.max_text_chars
-    return f"{d.modality.value}|{spec}|{limit}"
+    audio = f"|{d.audio.sample_rate}|{d.audio.channels}" if d.audio is not None else ""  # what decoding yields
+    return f"{d.modality.value}|{spec}|{limit}{audio}"
 
 
 def node_keys(
