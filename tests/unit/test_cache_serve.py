@@ -86,3 +86,35 @@ def test_metrics_expose_cache_hits_and_misses(client: TestClient) -> None:
     assert 'usg_cache_lookups_total{node="dbl",outcome="miss"} 1.0' in text
     assert 'usg_cache_hit_seconds_count{node="dbl"} 1.0' in text
     assert 'usg_cache_bytes{store="memory"}' in text
+
+
+def test_multipart_part_digest_headers_are_checked(client: TestClient) -> None:
+    data = png()
+    good = hashlib.sha256(data).digest()
+    boundary = "usgtestboundary"
+
+    def body(part_headers: str) -> bytes:
+        return (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"p.png\"\r\n"
+            f"Content-Type: image/png\r\n{part_headers}\r\n"
+        ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    ok = client.post("/v1/infer", content=body(f"X-Content-SHA256: {good.hex()}\r\n"), headers=headers)
+    assert ok.status_code == 200, ok.text
+    rfc = f"Content-Digest: sha-256=:{base64.b64encode(good).decode()}:\r\n"
+    assert client.post("/v1/infer", content=body(rfc), headers=headers).status_code == 200
+    wrong = hashlib.sha256(b"other").hexdigest()
+    r = client.post("/v1/infer", content=body(f"X-Content-SHA256: {wrong}\r\n"), headers=headers)
+    assert r.status_code == 400 and wrong in r.text and good.hex() in r.text, r.text
+
+
+def test_the_access_log_line_names_the_request_and_its_input_digests(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="usg.access"):
+        r = client.post("/v1/infer", json={"inputs": {"text": "abc"}}, headers={"x-request-id": "rid-42"})
+    assert r.status_code == 200
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "usg.access"]
+    assert line.startswith("POST /v1/infer 200 ") and "rid=rid-42" in line
+    assert "text=sha256:" + hashlib.sha256(b"abc").hexdigest() in line

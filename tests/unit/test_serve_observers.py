@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 pytest.importorskip("starlette", reason="needs the serve extra: pip install -e '.[serve]'")
@@ -90,6 +92,7 @@ def test_spans_per_request_node_queue_and_compute() -> None:
     by_name = {s.name: s for s in spans}
     req = by_name["usg.request"]
     assert req.attributes is not None and req.attributes["usg.modalities"] == "text"
+    assert req.attributes["usg.input.text.sha256"] == "sha256:" + hashlib.sha256(b"abc").hexdigest()
     assert req.parent is not None and f"{req.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
     for node in ("up", "len", "dbl"):
         assert by_name[f"node {node}"].parent.span_id == req.context.span_id  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from typing import Any
 from usg.bench.equivalence import check_equivalence
 from usg.bench.loadgen import LoadResult, ProgressFn, run_closed, run_open
 from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, run_label
-from usg.bench.samples import Sample, sample_cycle
+from usg.bench.samples import Sample, repeat_sampler, sample_cycle
 from usg.bench.targets import InProcessTarget, UrlTarget, is_url
 from usg.errors import UsageError
 from usg.graph.model import Graph
@@ -32,10 +32,11 @@ class BenchConfig:
     equivalence_samples: int = 4
     rounds: int = 1
     samples: list[Sample] = field(default_factory=list)
+    repeat_rate: float | None = None  # a share of repeated inputs (the rest fresh): node cache on for USG
 
 
 async def _load(target: Any, cfg: BenchConfig, level: float, progress: ProgressFn | None) -> LoadResult:
-    it = sample_cycle(cfg.samples)
+    it = sample_cycle(cfg.samples) if cfg.repeat_rate is None else repeat_sampler(cfg.samples, cfg.repeat_rate)
     mark = getattr(target, "mark", None)
     if cfg.rate is not None:
         return await run_open(
@@ -117,7 +118,11 @@ class _Run:
             cfg.duration_s * cfg.rounds,
             cfg.warmup_s,
         )
-        self.usg: Any = UrlTarget(cfg.target) if is_url(cfg.target) else InProcessTarget(_need(graph))
+        self.usg: Any = (
+            UrlTarget(cfg.target)
+            if is_url(cfg.target)
+            else InProcessTarget(_need(graph), cache=cfg.repeat_rate is not None)
+        )
         self.systems: list[Any] = []
         self.merged: dict[tuple[str, float], LoadResult] = {}
         self.bounds: list[dict[str, Any]] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,3 +137,39 @@ def sample_cycle(samples: list[Sample]) -> Iterator[Sample]:
     if not samples:
         raise UsageError("no benchmark inputs; fix: pass --inputs DIR|FILE")
     return itertools.cycle(samples)
+
+
+def fresh_variant(sample: Sample, n: int) -> Sample:
+    """A copy of ``sample`` whose inputs differ in their bytes (so no cache holds it) but not in
+        what they say: the image with ``n + 1`` written into the lowest bits of its first values (each
+    changes by at most 1), the text with ``#n`` appended."""
+    image = None
+    if sample.image is not None:
+        image = sample.image.copy()
+        flat = image.reshape(-1)
+        bits = min(flat.size, 48)  # n written into the lowest bits of the first values: unique per n
+        flat[:bits] ^= ((n + 1) >> np.arange(bits, dtype=np.uint64) & 1).astype(flat.dtype)
+    text = f"{sample.text} #{n}" if sample.text is not None else None
+    return Sample(f"{sample.name}~{n}", image=image, text=text)
+
+
+def repeat_sampler(samples: list[Sample], repeat_rate: float, seed: int = 0) -> Iterator[Sample]:
+    """Requests of which a share ``repeat_rate`` re-sends an input already sent (chosen at random
+    among the sent ones) and the rest are fresh variants (:func:`fresh_variant`) never sent before:
+    the traffic of ``usg bench --repeat-rate R``, for measuring a node cache."""
+    if not samples:
+        raise UsageError("no benchmark inputs; fix: pass --inputs DIR|FILE")
+    if not 0.0 <= repeat_rate <= 1.0:
+        raise UsageError(f"--repeat-rate {repeat_rate!r}: fix: pass a share between 0 and 1")
+    rng = random.Random(seed)
+    sent: list[Sample] = []
+    n = 0
+    while True:
+        if sent and rng.random() < repeat_rate:
+            yield rng.choice(sent)
+            continue
+        fresh = fresh_variant(samples[n % len(samples)], n)
+        n += 1
+        if len(sent) < 4096:  # bounded: later repeats choose among the first 4096 inputs
+            sent.append(fresh)
+        yield fresh

@@ -59,6 +59,12 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     "graph_path",
     help="With a URL TARGET: the graph the server runs (for --compare and the model-only bound).",
 )
+@click.option(
+    "--repeat-rate",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Send this share of repeated inputs (the rest never seen before) and turn USG's node cache on.",
+)
 @click.option("--untuned", is_flag=True, help="Ignore GRAPH.tuned.yaml (written by `usg tune`).")
 @click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
@@ -75,6 +81,7 @@ def bench(
     inputs_path: str | None,
     compare: str,
     graph_path: str | None,
+    repeat_rate: float | None,
     untuned: bool,
     as_json: bool,
     plot_dir: str | None,
@@ -97,7 +104,9 @@ def bench(
         )
     graph = _graph(target, graph_path, untuned, fp32)
     samples = load_samples(inputs_path) if inputs_path else default_samples()
-    cfg = BenchConfig(target, levels, rate, duration, warmup, systems, samples=samples, rounds=rounds)
+    cfg = BenchConfig(
+        target, levels, rate, duration, warmup, systems, samples=samples, rounds=rounds, repeat_rate=repeat_rate
+    )
     if is_url(target) and graph is None and systems:
         raise UsageError("--compare with a URL target needs --graph GRAPH (the graph the server runs)")
 

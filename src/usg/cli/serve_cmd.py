@@ -245,11 +245,25 @@ def serve(
         + " "
         f"(max in-flight {max_inflight}, body ≤ {body_mib:g} MiB, API key {'required' if api_key else 'off'})[/]"
     )
+    _access_log(log_level)
     # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the
     # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
     signal.signal(signal.SIGTERM, _ignore_signal)
     signal.signal(signal.SIGINT, _ignore_signal)
     UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run()
+
+
+def _access_log(log_level: str) -> None:
+    """USG's access log on stderr (one line per inference request, with the inputs' SHA-256), at info and below."""
+    import logging
+
+    logger = logging.getLogger("usg.access")
+    if log_level in ("info", "debug") and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s usg.access %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _api_key(name: str | None) -> str | None:

@@ -295,8 +295,10 @@ class Executor:
             values, digests = self._prepare_inputs(inputs)
         check_expected(digests, expect_sha256)
         modalities = sorted(self.graph.inputs[n].modality.value for n in values)
+        integrity = {n: f"sha256:{d}" for n, d in digests.items()}
         for obs in self.observers:
             obs.request_started(rid, modalities)
+            obs.request_integrity(rid, integrity)
         t0 = time.perf_counter()
         self._inflight += 1
         status = "error"

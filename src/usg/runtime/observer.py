@@ -16,6 +16,10 @@ class Observer:
     def request_started(self, request_id: str, modalities: Sequence[str]) -> None:
         return None
 
+    def request_integrity(self, request_id: str, integrity: Mapping[str, str]) -> None:
+        """The SHA-256 of each input as received (``{INPUT: "sha256:<hex>"}``), right after ``request_started``."""
+        return None
+
     def node_finished(self, event: NodeEvent) -> None:
         return None
 

@@ -11,6 +11,7 @@ timeout and the receive budget (408 / 429), then the in-flight slot is taken and
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import hmac
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "Work"]
 
 log = logging.getLogger("usg.serve")
+#: one line per answered inference request: method, path, status, ms, request id, input digests
+access_log = logging.getLogger("usg.access")
+_INTEGRITY_KEPT = 4096
 
 Work = Callable[[Request, str, bytes], Awaitable[Response]]
 
@@ -95,6 +99,8 @@ class ServeContext:
         self.state = ServeState.STARTING
         self.started_at = time.time()
         self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
+        # request id -> input digests, for the access-log line; bounded (gRPC answers without a log line)
+        self._integrity: collections.OrderedDict[str, Mapping[str, str]] = collections.OrderedDict()
         metrics.set_inflight_source(lambda: float(self.gate.inflight))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -172,12 +178,16 @@ class ServeContext:
         the digests a client sent for its inputs (a mismatch is a 400 naming both)."""
         for addon in self.addons:
             addon.note_raw(request_id, raw)
-        return await self.executor.infer(
+        result = await self.executor.infer(
             raw, request_id=request_id, timeout_s=self.config.timeout_s, expect_sha256=expect_sha256
         )
+        self._integrity[request_id] = result.integrity  # for the access-log line (popped by count)
+        while len(self._integrity) > _INTEGRITY_KEPT:
+            self._integrity.popitem(last=False)
+        return result
 
     def count(self, request: Request, exc: USGError | None, status: int) -> None:
-        """Metrics of one answered request (the error handlers call it for refusals)."""
+        """Metrics and the access-log line of one answered request (the error handlers call it for refusals)."""
         endpoint = getattr(request.state, "endpoint", None)
         if exc is not None:
             reason = rejection_reason(exc)
@@ -185,6 +195,18 @@ class ServeContext:
                 self.metrics.reject(reason)
         if endpoint is not None:
             self.metrics.http_requests.labels(endpoint, str(status)).inc()
+            rid = getattr(request.state, "request_id", "-")
+            integrity = self._integrity.pop(rid, None) or {}
+            t0 = getattr(request.state, "started", None)
+            access_log.info(
+                "%s %s %d %s rid=%s%s",
+                request.method,
+                request.url.path,
+                status,
+                f"{(time.perf_counter() - t0) * 1e3:.1f}ms" if t0 is not None else "-",
+                rid,
+                "".join(f" {name}={digest}" for name, digest in sorted(integrity.items())),
+            )
 
     def endpoint(self, name: str, work: Work) -> Callable[[Request], Awaitable[Response]]:
         """An inference route: admit (see the module docstring), run ``work(request, rid, body)``.
@@ -196,6 +218,7 @@ class ServeContext:
         async def run(request: Request) -> Response:
             rid = request.headers.get("x-request-id") or uuid.uuid4().hex
             request.state.request_id = rid
+            request.state.started = time.perf_counter()
             request.state.endpoint = name
             self.check_state()
             self.authorize(request)

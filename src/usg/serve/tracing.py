@@ -80,6 +80,12 @@ class TracingObserver(Observer):
         )
         self._requests[request_id] = span
 
+    def request_integrity(self, request_id: str, integrity: Mapping[str, str]) -> None:
+        span = self._requests.get(request_id)
+        if span is not None:
+            for name, digest in integrity.items():
+                span.set_attribute(f"usg.input.{name}.sha256", digest)
+
     def node_finished(self, event: NodeEvent) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode

@@ -10,7 +10,10 @@ plus ``request_id``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -146,8 +149,30 @@ def _replay(body: bytes) -> Any:
     return receive
 
 
-async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict[str, Any]:
-    """Multipart / urlencoded form → executor inputs; the body was already read within limits."""
+def _part_digest(name: str, headers: Mapping[str, str]) -> str | None:
+    """The SHA-256 a multipart file part declares: ``X-Content-SHA256: <hex>`` or RFC 9530
+    ``Content-Digest: sha-256=:<base64>:`` (as hex), or None."""
+    if "x-content-sha256" in headers:
+        return headers["x-content-sha256"].strip()
+    for item in headers.get("content-digest", "").split(","):
+        algo, _, value = item.strip().partition("=")
+        if algo.strip().lower() == "sha-256":
+            try:
+                return base64.b64decode(value.strip().strip(":"), validate=True).hex()
+            except (binascii.Error, ValueError):
+                raise InputError(
+                    f"{name}: Content-Digest {value!r} is not base64",
+                    field=name,
+                    fix="send Content-Digest: sha-256=:<base64 of the digest>: (RFC 9530), or X-Content-SHA256: <hex>",
+                ) from None
+    return None
+
+
+async def parse_form_inputs(
+    graph: Graph, request: Request, body: bytes, expected: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Multipart / urlencoded form → executor inputs; the body was already read within limits. A file
+    part's declared digest (:func:`_part_digest`) goes to ``expected``."""
     replay = Request(request.scope, _replay(body))
     raw: dict[str, Any] = {}
     try:
@@ -155,7 +180,13 @@ async def parse_form_inputs(graph: Graph, request: Request, body: bytes) -> dict
             for key, item in form.multi_items():
                 if key in raw:
                     raise InputError(f"input {key!r} is given more than once", field=key, fix="send each input once")
-                raw[key] = await item.read() if isinstance(item, UploadFile) else item
+                if isinstance(item, UploadFile):
+                    digest = _part_digest(key, item.headers)
+                    if digest is not None and expected is not None:
+                        expected[key] = digest
+                    raw[key] = await item.read()
+                else:
+                    raw[key] = item
     except HTTPException as exc:  # python-multipart could not parse the body
         raise InputError(
             f"malformed form body: {exc.detail}",
@@ -178,7 +209,7 @@ async def parse_request(
     with parsing("the /v1 request"):
         if media == "application/json":
             return parse_json_inputs(ctx.graph, body, max_depth=ctx.limits.max_nesting_depth, expected=expected)
-        return await parse_form_inputs(ctx.graph, request, body)
+        return await parse_form_inputs(ctx.graph, request, body, expected)
 
 
 def routes(ctx: ServeContext) -> list[Route]:
