@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Dim", "Modality", "TensorSpec", "dtype_name", "merge_declared", "onnx_type_to_dtype"]
+__all__ = ["AudioSpec", "Dim", "Modality", "TensorSpec", "dtype_name", "merge_declared", "onnx_type_to_dtype"]
 
 Dim = int | str | None
 """One axis: a fixed size, a symbolic name shared across axes (``"batch"``), or ``None`` (any)."""
@@ -28,6 +28,15 @@ class Modality(enum.StrEnum):
     TEXT = "text"
     AUDIO = "audio"
     TENSOR = "tensor"
+
+
+@dataclass(frozen=True)
+class AudioSpec:
+    """What an audio input is turned into: ``sample_rate`` Hz, ``channels`` (1 = mono mix), at most ``max_seconds``."""
+
+    sample_rate: int = 16_000
+    channels: int = 1
+    max_seconds: float = 600.0
 
 
 _ONNX_TO_NUMPY = {

@@ -101,9 +101,9 @@ def canonical_digest(value: Any) -> str:
 
 
 def input_digest(d: InputDef, value: Any) -> str:
-    """The integrity digest of a graph input as received: the bytes of an encoded image (a path
-    is read), the UTF-8 of a text, the canonical form of an array."""
-    if d.modality is Modality.IMAGE and isinstance(value, (str, Path)):
+    """The integrity digest of a graph input as received: the bytes of an encoded image or audio
+    file (a path is read), the UTF-8 of a text, the canonical form of an array."""
+    if d.modality in (Modality.IMAGE, Modality.AUDIO) and isinstance(value, (str, Path)):
         return file_digest(Path(value))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return hashlib.sha256(value).hexdigest()
@@ -157,7 +157,8 @@ def node_identity(graph: Graph, node: NodeDef, model_digests: Mapping[str, str])
 def _decode_options(graph: Graph, d: InputDef) -> str:
     spec = d.spec.describe() if d.spec is not None else "-"
     limit = graph.limits.max_image_pixels if d.modality is Modality.IMAGE else graph.limits.max_text_chars
-    return f"{d.modality.value}|{spec}|{limit}"
+    audio = f"|{d.audio.sample_rate}|{d.audio.channels}" if d.audio is not None else ""  # what decoding yields
+    return f"{d.modality.value}|{spec}|{limit}{audio}"
 
 
 def node_keys(

@@ -20,7 +20,7 @@ __all__ = ["parse_inputs", "run"]
 
 
 def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``image=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``.
+    """``image=PATH``, ``audio=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``.
 
     Command-line mistakes (no input, an unknown or repeated name, a file that does not
     exist) raise :class:`UsageError` (exit code 2); a file that exists but is not what the
@@ -58,7 +58,7 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
                         fix="pass an existing UTF-8 text file after @",
                     ) from None
             out[name] = value
-        elif d.modality is Modality.IMAGE:
+        elif d.modality in (Modality.IMAGE, Modality.AUDIO):
             out[name] = Path(value)
         else:
             try:
@@ -112,7 +112,7 @@ def _render(result: InferResult) -> None:
     "inputs",
     multiple=True,
     metavar="NAME=VALUE",
-    help="A graph input: image=PATH, text=STRING or text=@FILE, tensor=FILE.npy. Repeatable.",
+    help="A graph input: image=PATH, audio=PATH, text=STRING or text=@FILE, tensor=FILE.npy. Repeatable.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option(

@@ -13,7 +13,7 @@ from usg.graph.deploy import parse_deploy
 from usg.graph.limits import parse_limits
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
 from usg.graph.validate import validate_graph
-from usg.specs import Modality, TensorSpec
+from usg.specs import AudioSpec, Modality, TensorSpec
 
 __all__ = ["GraphBuilder"]
 
@@ -56,11 +56,14 @@ class GraphBuilder:
         *,
         spec: TensorSpec | None = None,
         optional: bool = False,
+        audio: AudioSpec | None = None,
     ) -> GraphBuilder:
         mod = Modality(modality)
         if spec is None and mod is Modality.IMAGE:
             spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
-        self._inputs[name] = InputDef(name, mod, spec, optional)
+        if audio is None and mod is Modality.AUDIO:
+            audio = AudioSpec()
+        self._inputs[name] = InputDef(name, mod, spec, optional, audio)
         return self
 
     def model(

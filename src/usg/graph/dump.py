@@ -100,6 +100,8 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
             entry.update(d.spec.to_dict())
         if d.optional:
             entry["optional"] = True
+        if d.audio is not None:
+            entry.update(sample_rate=d.audio.sample_rate, channels=d.audio.channels, max_seconds=d.audio.max_seconds)
         inputs[name] = entry
     models = {
         name: _model(m, paths.get(name) or (str(m.path) if m.path is not None else None))

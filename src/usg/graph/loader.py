@@ -14,12 +14,13 @@ from usg.graph.cache import CacheSpec, parse_cache, resolve_node_cache
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.paths import PathResolutionError, resolve_path
-from usg.specs import Modality, TensorSpec
+from usg.specs import AudioSpec, Modality, TensorSpec
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
 _TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor", "cache"}
 _INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
+_AUDIO_KEYS = {"sample_rate", "channels", "max_seconds"}
 _MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
 _BATCH_KEYS = {
     "max_size",
@@ -265,7 +266,7 @@ def _inputs(c: _Collector, data: Any) -> dict[str, InputDef]:
     for iname, idata in _mapping(c, "inputs", data, "write inputs: {NAME: {modality: image}}").items():
         where = f"inputs.{iname}"
         idata = _mapping(c, where, idata, "write NAME: {modality: image|text|audio|tensor, optional: true}")
-        c.unknown_keys(where, idata, _INPUT_KEYS)
+        c.unknown_keys(where, idata, _INPUT_KEYS | _AUDIO_KEYS if idata.get("modality") == "audio" else _INPUT_KEYS)
         raw_mod = idata.get("modality", "tensor")
         try:
             modality = Modality(raw_mod)
@@ -275,8 +276,22 @@ def _inputs(c: _Collector, data: Any) -> dict[str, InputDef]:
         spec = _spec(c, where, idata)
         if spec is None and modality is Modality.IMAGE:
             spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
-        inputs[str(iname)] = InputDef(str(iname), modality, spec, bool(idata.get("optional", False)))
+        audio = _audio(c, where, idata) if modality is Modality.AUDIO else None
+        inputs[str(iname)] = InputDef(str(iname), modality, spec, bool(idata.get("optional", False)), audio)
     return inputs
+
+
+def _audio(c: _Collector, where: str, idata: Mapping[str, Any]) -> AudioSpec:
+    """``sample_rate`` / ``channels`` / ``max_seconds`` of an audio input: positive numbers."""
+    base = AudioSpec()
+    values: dict[str, Any] = {}
+    for key, kind in (("sample_rate", int), ("channels", int), ("max_seconds", float)):
+        raw = idata.get(key, getattr(base, key))
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0 or (kind is int and raw != int(raw)):
+            c.add(f"{where}.{key}", f"{key} is {raw!r}", f"write a positive {kind.__name__}, e.g. {getattr(base, key)}")
+            raw = getattr(base, key)
+        values[key] = kind(raw)
+    return AudioSpec(**values)
 
 
 def _model(c: _Collector, mname: str, mdata: Any, base_dir: Path | None) -> ModelDef:

@@ -10,7 +10,7 @@ from typing import Any
 from usg.graph.cache import CacheSpec
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
-from usg.specs import Modality, TensorSpec
+from usg.specs import AudioSpec, Modality, TensorSpec
 
 __all__ = [
     "OUT_ALIAS",
@@ -73,6 +73,7 @@ class InputDef:
     modality: Modality
     spec: TensorSpec | None = None
     optional: bool = False
+    audio: AudioSpec | None = None  # modality audio: rate, channels, length limit (defaults when None)
 
 
 @dataclass(frozen=True)

@@ -285,10 +285,10 @@ class Executor:
         if any(
             isinstance(v, (bytes, bytearray, str, Path))
             and self.graph.inputs.get(k) is not None
-            and self.graph.inputs[k].modality is Modality.IMAGE
+            and self.graph.inputs[k].modality in (Modality.IMAGE, Modality.AUDIO)
             for k, v in inputs.items()
         ):
-            # decoding an image takes milliseconds: keep it off the event loop
+            # decoding an image or audio file takes milliseconds: keep it off the event loop
             loop = asyncio.get_running_loop()
             values, digests = await loop.run_in_executor(self._pool, self._prepare_inputs, inputs)
         else:

@@ -3,7 +3,8 @@
 Input limits come from the graph's top-level ``limits:`` (read with :func:`graph_limit`, so a
 mapping or an object with attributes both work): ``max_image_pixels``, ``max_aspect_ratio``,
 ``image_formats`` (a list for every image input, or ``{INPUT: [FORMAT, ...]}``) and
-``max_text_chars``; each is checked before the costly step (decoding, tokenizing).
+``max_text_chars``; each is checked before the costly step (decoding, tokenizing). Audio inputs
+carry their own ``sample_rate`` / ``channels`` / ``max_seconds`` (the length is read from the header).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from usg.errors import InputError, PayloadTooLarge
 from usg.graph.model import Graph
+from usg.ops.audio import decode_audio
 from usg.ops.image import (
     DEFAULT_IMAGE_FORMATS,
     DEFAULT_MAX_ASPECT_RATIO,
@@ -68,7 +70,7 @@ def _tensor(name: str, d: Any, value: Any) -> Any:
 
 
 def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate names and presence, decode images, check tensor specs; absent inputs are left out."""
+    """Validate names and presence, decode images and audio, check tensor specs; absent inputs are left out."""
     unknown = sorted(set(raw) - set(graph.inputs))
     if unknown:
         raise InputError(
@@ -92,6 +94,8 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
             values[name] = decode_image(value, field=name, limits=_image_limits(graph, name))
         elif d.modality is Modality.TEXT:
             values[name] = _text(name, value, max_chars)
+        elif d.modality is Modality.AUDIO:
+            values[name] = decode_audio(value, field=name, spec=d.audio)
         else:
             values[name] = _tensor(name, d, value)
     if not values:

@@ -37,6 +37,13 @@ def _value_schema(modality: Modality) -> dict[str, Any]:
                 {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string"}}},
             ]
         }
+    if modality is Modality.AUDIO:
+        return {
+            "oneOf": [
+                {"type": "string", "description": "base64 of a WAV/FLAC/OGG file (a data: URL prefix is accepted)"},
+                {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string"}}},
+            ]
+        }
     if modality is Modality.TEXT:
         return {"type": "string"}
     return {

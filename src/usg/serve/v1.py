@@ -56,8 +56,20 @@ def _tensor(graph: Graph, name: str, value: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
+def _b64_audio(name: str, text: str) -> bytes:
+    """Base64 text (a ``data:`` URL prefix is accepted) → the encoded audio file's bytes."""
+    try:
+        return b64_image(name, text)
+    except InputError:
+        raise InputError(
+            f"{name}: audio is not valid base64",
+            field=name,
+            fix="send the WAV/FLAC/OGG file base64-encoded, or upload it as a multipart file",
+        ) from None
+
+
 def _convert(graph: Graph, name: str, value: Any) -> Any:
-    """A JSON/form value of input ``name`` → what the executor takes (bytes for images, never a path)."""
+    """A JSON/form value of input ``name`` → what the executor takes (bytes for images and audio, never a path)."""
     d = graph.inputs.get(name)
     if d is None or value is None:
         return value  # unknown names: normalize_inputs names them and lists the valid ones
@@ -72,6 +84,18 @@ def _convert(graph: Graph, name: str, value: Any) -> Any:
             f'{name}: an image must be base64 text or {{"b64": "..."}}, got {type(value).__name__}',
             field=name,
             fix='send {"b64": "<base64 of the PNG/JPEG file>"}, or upload it as a multipart file',
+        )
+    if d.modality is Modality.AUDIO:
+        if isinstance(value, dict) and isinstance(value.get("b64"), str):
+            value = value["b64"]
+        if isinstance(value, str):
+            return _b64_audio(name, value)
+        if isinstance(value, bytes):
+            return value
+        raise InputError(
+            f'{name}: audio must be base64 text or {{"b64": "..."}}, got {type(value).__name__}',
+            field=name,
+            fix='send {"b64": "<base64 of the WAV/FLAC/OGG file>"}, or upload it as a multipart file',
         )
     if d.modality is Modality.TEXT:
         if isinstance(value, (str, bytes)):
