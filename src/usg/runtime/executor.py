@@ -229,7 +229,7 @@ class Executor:
         for runner in self._runners.values():
             await runner.stop()
         for backend in self._backends.values():
-            backend.close()
+            await backend.aclose()
         if self.cache is not None:
             await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
