@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from procs import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-
-from procs import free_port
 
 
 @dataclass

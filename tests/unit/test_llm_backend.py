@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from fake_openai import FakeEngine, RunningEngine  # noqa: E402
-from procs import free_port  # noqa: E402
+from fake_openai import FakeEngine, RunningEngine
+from procs import free_port
 
-from usg import BackendError, Executor, GraphError, PayloadTooLarge, StateError, load_graph  # noqa: E402
+from usg import BackendError, Executor, GraphError, PayloadTooLarge, StateError, load_graph
 
 GRAPH = """
 name: ask
@@ -85,18 +85,22 @@ def test_retries_on_429_honouring_retry_after(tmp_path: Path) -> None:
 
 def test_retries_run_out_and_the_engine_status_is_passed_on(tmp_path: Path) -> None:
     busy = (429, {"Retry-After": "0"}, {"error": {"message": "too many requests"}})
-    with RunningEngine(FakeEngine(faults=[busy, busy])) as engine:
-        with pytest.raises(BackendError, match="HTTP 429: too many requests") as info:
-            _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 1"), {"question": "hi"})
+    with (
+        RunningEngine(FakeEngine(faults=[busy, busy])) as engine,
+        pytest.raises(BackendError, match="HTTP 429: too many requests") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 1"), {"question": "hi"})
     assert info.value.status == 429
     assert len(engine.bodies) == 2
 
 
 def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> None:
     bad = (400, {}, {"error": {"message": "messages: unknown role 'robot'"}})
-    with RunningEngine(FakeEngine(faults=[bad])) as engine:
-        with pytest.raises(BackendError, match=r"model 'llm'.*HTTP 400: messages: unknown role 'robot'") as info:
-            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    with (
+        RunningEngine(FakeEngine(faults=[bad])) as engine,
+        pytest.raises(BackendError, match=r"model 'llm'.*HTTP 400: messages: unknown role 'robot'") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
     assert info.value.status == 400
     assert len(engine.bodies) == 1  # a 4xx is not retried
 
@@ -111,7 +115,8 @@ def test_engine_down_is_a_503_naming_model_url_and_fix(tmp_path: Path) -> None:
 def test_budget_refused_before_anything_is_sent(tmp_path: Path) -> None:
     engine_models = [{"id": "tiny", "max_model_len": 64}]
     with RunningEngine(FakeEngine(models=engine_models)) as engine:
-        with pytest.raises(PayloadTooLarge, match=r"prompt \d+ tokens \(estimated.*max_tokens 32 = \d+, above.*64") as info:
+        too_long = r"prompt \d+ tokens \(estimated.*max_tokens 32 = \d+, above.*64"
+        with pytest.raises(PayloadTooLarge, match=too_long) as info:
             _ask(_graph(tmp_path, f"url: '{engine.url}', max_tokens: 32"), {"question": "word " * 40})
         assert info.value.status == 413
         assert engine.bodies == []
@@ -135,9 +140,11 @@ def test_declared_max_model_len_and_the_models_tokenizer(tmp_path: Path) -> None
 
 
 def test_several_models_without_options_model(tmp_path: Path) -> None:
-    with RunningEngine(FakeEngine(models=[{"id": "a"}, {"id": "b"}])) as engine:
-        with pytest.raises(StateError, match=r"lists 2 models \['a', 'b'\]; fix: name one with options.model"):
-            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    with (
+        RunningEngine(FakeEngine(models=[{"id": "a"}, {"id": "b"}])) as engine,
+        pytest.raises(StateError, match=r"lists 2 models \['a', 'b'\]; fix: name one with options.model"),
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
 
 
 def test_no_url_is_a_graph_error(tmp_path: Path) -> None:
