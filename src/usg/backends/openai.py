@@ -48,7 +48,7 @@ def _httpx() -> Any:
     except ImportError:
         from usg.errors import MissingDependency
 
-        raise MissingDependency("httpx", "serve", "backend: openai") from None
+        raise MissingDependency("httpx", "llm", "backend: openai") from None
     return httpx
 
 
