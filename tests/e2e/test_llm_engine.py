@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from procs import ServerProcess, free_port
+
 from usg import Executor, load_graph
 
 pytestmark = pytest.mark.slow
