@@ -156,6 +156,7 @@ class OpenAIBackend(Backend):
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._discovered = False
+        self._discovery: asyncio.Lock | None = None
 
     @property
     def input_specs(self) -> Mapping[str, TensorSpec]:
@@ -197,6 +198,9 @@ class OpenAIBackend(Backend):
 
     def _use_models(self, resp: Any) -> None:
         if resp.status_code >= 400:
+            if self.model is not None:  # an engine without /v1/models: the declared options stand
+                self._discovered = True
+                return
             raise self._engine_error(resp, "GET /v1/models")
         listed = [m for m in resp.json().get("data", []) if isinstance(m, dict) and m.get("id")]
         if self.model is None:
@@ -236,6 +240,7 @@ class OpenAIBackend(Backend):
             self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
             self._client_loop = loop
             self._sem = asyncio.Semaphore(self.max_inflight)
+            self._discovery = asyncio.Lock()
         return self._client
 
     async def aclose(self) -> None:
@@ -271,10 +276,13 @@ class OpenAIBackend(Backend):
         messages = _messages(inputs.get("messages"), self.name)
         httpx = _httpx()
         if not self._discovered and (self.model is None or self.max_model_len is None):
-            try:
-                self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
-            except httpx.TransportError as exc:
-                raise self._down(exc) from None
+            assert self._discovery is not None
+            async with self._discovery:  # the first requests ask once, not once each
+                if not self._discovered:
+                    try:
+                        self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
+                    except httpx.TransportError as exc:
+                        raise self._down(exc) from None
         self.check_budget(messages)
         body = self.request_body(messages)
         assert self._sem is not None
