@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,17 @@ def _engine_message(resp: Any) -> str:
     return str(err)[:500]
 
 
+def _expand(value: Any, where: str) -> str:
+    """``${VAR}`` in a url or model option, from the environment; an unset one is a graph error."""
+    text = os.path.expandvars(str(value))
+    if "$" in text:
+        missing = sorted(set(re.findall(r"\$\{?(\w+)", text)))
+        raise GraphError(
+            [GraphProblem(where, f"{value!r} names {', '.join(missing)}, which is not set", f"export {missing[0]}=...")]
+        )
+    return text
+
+
 class OpenAIBackend(Backend):
     """Chat completions at an OpenAI-compatible engine; see the module docstring for options."""
 
@@ -128,7 +140,7 @@ class OpenAIBackend(Backend):
         super().__init__()
         opts = dict(options or {})
         self.name = name or "llm"
-        url = str(opts.get("url") or "").rstrip("/")
+        url = _expand(opts.get("url") or "", f"models.{self.name}.options.url").rstrip("/")
         if not url:
             raise GraphError(
                 [
@@ -140,7 +152,8 @@ class OpenAIBackend(Backend):
                 ]
             )
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url
-        self.model: str | None = str(opts["model"]) if opts.get("model") else None
+        model = _expand(opts["model"], f"models.{self.name}.options.model") if opts.get("model") else None
+        self.model: str | None = model or None
         self.api_key_env = opts.get("api_key_env")
         self.max_inflight = max(1, int(opts.get("max_inflight", 8)))
         self.timeout_s = float(opts.get("timeout_s", 120.0))

@@ -46,7 +46,10 @@ def image_data_url(image: np.ndarray) -> str:
 
 
 def join_lines(lines: Sequence[Any], *, max_lines: int | None = None) -> str:
-    """OCR lines (``usg.ops.ocr:ctc_decode`` dicts with ``text``, or strings) joined with newlines."""
+    """OCR lines (``usg.ops.ocr:ctc_decode`` dicts with ``text``, or strings) joined with newlines;
+    a string is its own lines."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
     texts = [str(line["text"]) if isinstance(line, Mapping) else str(line) for line in lines]
     if max_lines is not None:
         texts = texts[:max_lines]
