@@ -111,3 +111,30 @@ def test_a_question_gets_an_answer_from_the_engine(engine: ServerProcess, tmp_pa
     # the engine takes the image part of a text-only model's chat (its template keeps the text)
     assert isinstance(with_image.outputs["vanswer"], str)
     assert all(isinstance(r.outputs["answer"], str) for r in many)
+
+
+def test_document_qa_example_reads_the_image_into_the_prompt(
+    engine: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rapidocr_onnxruntime")
+    root = Path(__file__).resolve().parents[2] / "examples"
+    monkeypatch.setenv("USG_LLM_URL", f"http://127.0.0.1:{engine.port}")
+    monkeypatch.delenv("USG_LLM_MODEL", raising=False)
+    graph_text = (root / "document_qa" / "graph.yaml").read_text()
+    assert 'model: "${USG_LLM_MODEL}"' in graph_text
+    monkeypatch.setenv("USG_LLM_MODEL", engine_model(engine))
+    with Executor(load_graph(root / "document_qa" / "graph.yaml")) as ex:
+        doc = ex.infer_sync({"question": "What is the total?", "image": root / "document_ocr" / "sample.png"})
+        alone = ex.infer_sync({"question": "What is the total?"})
+    assert isinstance(doc.outputs["answer"], str) and doc.outputs["answer"]
+    assert len(doc.outputs["lines"]) > 3 and all(line["text"] for line in doc.outputs["lines"])
+    assert doc.pruned_nodes == []
+    assert isinstance(alone.outputs["answer"], str) and "lines" not in alone.outputs
+    assert {"det_pre", "det", "rec", "lines"} <= set(alone.pruned_nodes)
+
+
+def engine_model(engine: ServerProcess) -> str:
+    import httpx
+
+    (model,) = httpx.get(f"http://127.0.0.1:{engine.port}/v1/models").json()["data"]
+    return str(model["id"])
