@@ -24,6 +24,8 @@ class FakeEngine:
     #: (status, headers, body) answered before normal replies, one per request
     faults: list[tuple[int, dict[str, str], dict[str, Any]]] = field(default_factory=list)
     delay_s: float = 0.0
+    #: HTTP status of GET /v1/models (an engine without the route: 404)
+    models_status: int = 200
     bodies: list[dict[str, Any]] = field(default_factory=list)
     inflight: int = 0
     max_seen: int = 0
@@ -34,6 +36,8 @@ class FakeEngine:
         return f"http://127.0.0.1:{self.port}"
 
     async def _models(self, request: Request) -> JSONResponse:
+        if self.models_status != 200:
+            return JSONResponse({"detail": "Not Found"}, status_code=self.models_status)
         return JSONResponse({"object": "list", "data": self.models})
 
     async def _chat(self, request: Request) -> JSONResponse:

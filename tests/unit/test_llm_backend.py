@@ -165,3 +165,11 @@ def test_max_inflight_caps_what_the_engine_sees(tmp_path: Path) -> None:
     assert answers == [f"echo: Q: q{i}" for i in range(32)]
     assert len(engine.bodies) == 32
     assert engine.max_seen == 3  # never more than max_inflight at the engine, and the cap was used
+
+
+def test_an_engine_without_v1_models_needs_options_model(tmp_path: Path) -> None:
+    with RunningEngine(FakeEngine(models_status=404)) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}', model: named"), {"question": "hi"})["answer"]
+        assert engine.bodies[0]["model"] == "named"
+        with pytest.raises(BackendError, match=r"GET /v1/models with HTTP 404"):
+            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
