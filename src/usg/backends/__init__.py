@@ -1,4 +1,4 @@
-"""Model backends: ONNX Runtime, Hugging Face tokenizers, Python callables.
+"""Model backends: ONNX Runtime, Hugging Face tokenizers, Python callables, OpenAI-compatible engines.
 
 A backend is created from what it needs — its kind, file, options and name —
 by :func:`create_backend`; importing this package registers the kinds with graph
@@ -13,6 +13,7 @@ from typing import Any
 
 from usg.backends.base import Backend, BackendState
 from usg.backends.onnxruntime import OnnxRuntimeBackend, describe_onnx
+from usg.backends.openai import LLM_INPUTS, LLM_OUTPUTS, OpenAIBackend
 from usg.backends.python_fn import PythonBackend, import_callable
 from usg.backends.tokenizer import TOKENIZER_INPUTS, TOKENIZER_OUTPUTS, TokenizerBackend
 from usg.errors import GraphError, GraphProblem
@@ -23,6 +24,7 @@ __all__ = [
     "Backend",
     "BackendState",
     "OnnxRuntimeBackend",
+    "OpenAIBackend",
     "PythonBackend",
     "TokenizerBackend",
     "create_backend",
@@ -56,6 +58,7 @@ BACKEND_KINDS: dict[str, Factory] = {
     "onnxruntime": lambda path, options, name: OnnxRuntimeBackend(_need_path(path, name), options, name=name),
     "tokenizer": lambda path, options, name: TokenizerBackend(_need_path(path, name), options, name=name),
     "python": _python,
+    "openai": lambda path, options, name: OpenAIBackend(options, name=name),
 }
 
 
@@ -73,6 +76,7 @@ def _describe_tokenizer(path: Path | None) -> ModelIO:
 register_model_kind(ModelKind("onnxruntime", needs_path=True, describe=_describe_onnx))
 register_model_kind(ModelKind("tokenizer", needs_path=True, describe=_describe_tokenizer))
 register_model_kind(ModelKind("python"))
+register_model_kind(ModelKind("openai", describe=lambda path: (dict(LLM_INPUTS), dict(LLM_OUTPUTS))))
 
 
 def create_backend(

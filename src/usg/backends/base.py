@@ -81,6 +81,10 @@ class Backend(abc.ABC):
     def close(self) -> None:
         self.state = BackendState.CLOSED
 
+    async def aclose(self) -> None:
+        """Close from the event loop (a backend holding async connections overrides this)."""
+        self.close()
+
     @property
     def metadata(self) -> Mapping[str, str]:
         """Free-form metadata the model file carries (e.g. a vocabulary)."""

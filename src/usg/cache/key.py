@@ -171,7 +171,11 @@ def node_keys(
         h = hashlib.sha256(b"usg-node-key/1\0" + identities[name].encode())
         for port in sorted(node.inputs):
             ref = node.inputs[port]
-            if ref.is_graph_input:
+            if port in node.optional and (
+                ref.port not in input_digests if ref.is_graph_input else ref.source not in keys
+            ):
+                src = "absent"
+            elif ref.is_graph_input:
                 d = graph.inputs[ref.port]
                 src = f"in:{ref.port}:{input_digests[ref.port]}:{_decode_options(graph, d)}"
             else:

@@ -114,6 +114,8 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
         node["inputs"] = {p: str(r) for p, r in n.inputs.items()}
         if n.map:
             node["map"] = list(n.map)
+        if n.optional:
+            node["optional"] = list(n.optional)
         if n.options:
             node["options"] = dict(n.options)
         if n.cache is not None:

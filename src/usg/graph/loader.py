@@ -35,7 +35,7 @@ _BATCH_KEYS = {
     "target_p95_ms",
 }
 _PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
-_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache"}
+_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache", "optional"}
 
 
 class _Collector:
@@ -352,7 +352,24 @@ def _node(c: _Collector, nname: str, ndata: Any, cache: CacheSpec | None = None)
         map=_map_ports(c, f"{where}.map", ndata.get("map"), list(refs)),
         options=_mapping(c, f"{where}.options", ndata.get("options"), "write options: {KEY: VALUE}"),
         cache=node_cache,
+        optional=_optional_ports(c, where, ndata.get("optional"), list(refs), model is not None),
     )
+
+
+def _optional_ports(c: _Collector, where: str, value: Any, ports: list[str], is_model: bool) -> tuple[str, ...]:
+    if value in (None, False, []):
+        return ()
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(v, str) for v in names):
+        c.add(f"{where}.optional", f"optional is {value!r}", "write optional: [PORT, ...]")
+        return ()
+    if is_model:
+        c.add(f"{where}.optional", "a model node's inputs cannot be optional", "make the ports optional in a fn node")
+        return ()
+    for name in names:
+        if name not in ports:
+            c.add(f"{where}.optional", f"{name!r} is not one of its inputs", f"use one of: {', '.join(ports)}")
+    return tuple(n for n in names if n in ports)
 
 
 def _outputs(c: _Collector, data: Any) -> dict[str, Ref]:

@@ -154,6 +154,9 @@ class NodeDef:
     options: dict[str, Any] = field(default_factory=dict)
     # where the node's results are cached (None: not cached); see usg.graph.cache
     cache: CacheSpec | None = None
+    # input ports that may be absent (their graph input not sent, their source pruned or empty):
+    # the node runs without them (fn nodes only; the function's default applies)
+    optional: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:

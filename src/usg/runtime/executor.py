@@ -24,7 +24,7 @@ from usg.cache import NodeCache, check_expected, digest_inputs
 from usg.cache.node_cache import CacheBegin
 from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
-from usg.graph.model import OUT_ALIAS, Graph, NodeDef, model_output, wireable_outputs
+from usg.graph.model import OUT_ALIAS, Graph, NodeDef, Ref, model_output, wireable_outputs
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs, model_input_specs
 from usg.runtime.inputs import normalize_inputs
@@ -62,6 +62,8 @@ class _Request:
         """The node's inputs by port, or None when one is absent (its branch is skipped)."""
         args: dict[str, Any] = {}
         for port, ref in node.inputs.items():
+            if port in node.optional and self._absent(ref):
+                continue  # the node runs without it
             if ref.is_graph_input:
                 args[port] = self.values[ref.port]
                 continue
@@ -75,6 +77,12 @@ class _Request:
                 )
             args[port] = up[ref.port]
         return None if any(v is None for v in args.values()) else args
+
+    def _absent(self, ref: Ref) -> bool:
+        if ref.is_graph_input:
+            return self.values.get(ref.port) is None
+        up = self.outputs.get(ref.source)
+        return up is None or up.get(ref.port) is None
 
     def graph_outputs(self, graph: Graph) -> dict[str, Any]:
         """The graph's outputs that have a value (absent ones are left out, not errors)."""
@@ -114,7 +122,11 @@ def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]
     alive: set[str] = set()
     for name in graph.order:
         node = graph.nodes[name]
-        ok = all((r.port in present) if r.is_graph_input else (r.source in alive) for r in node.inputs.values())
+        ok = all(
+            (r.port in present) if r.is_graph_input else (r.source in alive)
+            for p, r in node.inputs.items()
+            if p not in node.optional
+        )
         if ok:
             alive.add(name)
             active.append(name)
@@ -229,7 +241,7 @@ class Executor:
         for runner in self._runners.values():
             await runner.stop()
         for backend in self._backends.values():
-            backend.close()
+            await backend.aclose()
         if self.cache is not None:
             await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,175 @@
+"""backend: openai against a fake OpenAI-compatible engine (a real HTTP server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from fake_openai import FakeEngine, RunningEngine
+from procs import free_port
+
+from usg import BackendError, Executor, GraphError, PayloadTooLarge, StateError, load_graph
+
+GRAPH = """
+name: ask
+inputs:
+  question: {{modality: text}}
+  image: {{modality: image, optional: true}}
+models:
+  llm:
+    backend: openai
+    options: {{{options}}}
+nodes:
+  prompt:
+    fn: usg.ops.llm:chat
+    inputs: {{question: inputs.question}}
+    options: {{system: "Be brief.", user: "Q: {{question}}"}}
+  vprompt:
+    fn: usg.ops.llm:chat
+    inputs: {{question: inputs.question, image: inputs.image}}
+  answer: {{model: llm, inputs: {{messages: prompt.messages}}}}
+  vanswer: {{model: llm, inputs: {{messages: vprompt.messages}}}}
+outputs:
+  answer: answer.text
+  vanswer: vanswer.text
+"""
+
+
+def _graph(tmp_path: Path, options: str) -> Path:
+    path = tmp_path / "graph.yaml"
+    path.write_text(GRAPH.format(options=options))
+    return path
+
+
+def _ask(path: Path, inputs: dict[str, object]) -> dict[str, object]:
+    with Executor(load_graph(path)) as ex:
+        return ex.infer_sync(inputs).outputs
+
+
+def test_request_structure_and_model_from_the_engine(tmp_path: Path) -> None:
+    with RunningEngine(FakeEngine()) as engine:
+        out = _ask(_graph(tmp_path, f"url: '{engine.url}/v1', max_tokens: 17"), {"question": "2+2?"})
+    assert out == {"answer": "echo: Q: 2+2?"}
+    (body,) = engine.bodies
+    assert body["model"] == "tiny"  # the only model /v1/models lists
+    assert body["max_tokens"] == 17
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2+2?"}]
+
+
+def test_image_goes_as_a_png_data_url(tmp_path: Path) -> None:
+    image = np.zeros((8, 8, 3), dtype=np.uint8)
+    with RunningEngine(FakeEngine()) as engine:
+        out = _ask(_graph(tmp_path, f"url: '{engine.url}', model: tiny"), {"question": "what?", "image": image})
+    assert out["vanswer"] == "echo: what?"
+    vision = [b for b in engine.bodies if isinstance(b["messages"][-1]["content"], list)]
+    (parts,) = [b["messages"][-1]["content"] for b in vision]
+    assert parts[0]["type"] == "image_url"
+    assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
+    assert parts[1] == {"type": "text", "text": "what?"}
+
+
+def test_retries_on_429_honouring_retry_after(tmp_path: Path) -> None:
+    busy = (429, {"Retry-After": "0"}, {"error": {"message": "busy"}})
+    unavailable = (503, {"Retry-After": "0"}, {"error": {"message": "warming up"}})
+    with RunningEngine(FakeEngine(faults=[busy, unavailable])) as engine:
+        out = _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 2"), {"question": "hi"})
+    assert out == {"answer": "echo: Q: hi"}
+    assert len(engine.bodies) == 3
+
+
+def test_retries_run_out_and_the_engine_status_is_passed_on(tmp_path: Path) -> None:
+    busy = (429, {"Retry-After": "0"}, {"error": {"message": "too many requests"}})
+    with (
+        RunningEngine(FakeEngine(faults=[busy, busy])) as engine,
+        pytest.raises(BackendError, match="HTTP 429: too many requests") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 1"), {"question": "hi"})
+    assert info.value.status == 429
+    assert len(engine.bodies) == 2
+
+
+def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> None:
+    bad = (400, {}, {"error": {"message": "messages: unknown role 'robot'"}})
+    with (
+        RunningEngine(FakeEngine(faults=[bad])) as engine,
+        pytest.raises(BackendError, match=r"model 'llm'.*HTTP 400: messages: unknown role 'robot'") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    assert info.value.status == 400
+    assert len(engine.bodies) == 1  # a 4xx is not retried
+
+
+def test_engine_down_is_a_503_naming_model_url_and_fix(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(StateError, match=rf"model 'llm'.*{url} is not reachable.*fix: start it") as info:
+        _ask(_graph(tmp_path, f"url: '{url}', model: tiny"), {"question": "hi"})
+    assert info.value.status == 503
+
+
+def test_budget_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    engine_models = [{"id": "tiny", "max_model_len": 64}]
+    with RunningEngine(FakeEngine(models=engine_models)) as engine:
+        too_long = r"prompt \d+ tokens \(estimated.*max_tokens 32 = \d+, above.*64"
+        with pytest.raises(PayloadTooLarge, match=too_long) as info:
+            _ask(_graph(tmp_path, f"url: '{engine.url}', max_tokens: 32"), {"question": "word " * 40})
+        assert info.value.status == 413
+        assert engine.bodies == []
+        # a short question fits the same budget
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}', max_tokens: 32"), {"question": "hi"})["answer"]
+
+
+def test_declared_max_model_len_and_the_models_tokenizer(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = tokenizers.Tokenizer(WordLevel({"[UNK]": 0, "word": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    opts = f"url: '{{url}}', max_model_len: 60, max_tokens: 10, tokenizer: '{tmp_path / 'tokenizer.json'}'"
+    with RunningEngine(FakeEngine(models=[{"id": "tiny"}])) as engine:
+        with pytest.raises(PayloadTooLarge, match=r"counted with the model's tokenizer.*max_model_len 60"):
+            _ask(_graph(tmp_path, opts.format(url=engine.url)), {"question": "word " * 40})
+        assert engine.bodies == []
+
+
+def test_several_models_without_options_model(tmp_path: Path) -> None:
+    with (
+        RunningEngine(FakeEngine(models=[{"id": "a"}, {"id": "b"}])) as engine,
+        pytest.raises(StateError, match=r"lists 2 models \['a', 'b'\]; fix: name one with options.model"),
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+
+
+def test_no_url_is_a_graph_error(tmp_path: Path) -> None:
+    with pytest.raises(GraphError, match=r"models.llm.options.url.*without a url"):
+        _ask(_graph(tmp_path, "model: tiny"), {"question": "hi"})
+
+
+def test_max_inflight_caps_what_the_engine_sees(tmp_path: Path) -> None:
+    with RunningEngine(FakeEngine(delay_s=0.05)) as engine:
+        graph = load_graph(_graph(tmp_path, f"url: '{engine.url}', max_inflight: 3"))
+
+        async def main() -> list[object]:
+            async with Executor(graph) as ex:
+                results = await asyncio.gather(*(ex.infer({"question": f"q{i}"}) for i in range(32)))
+            return [r.outputs["answer"] for r in results]
+
+        answers = asyncio.run(main())
+    assert answers == [f"echo: Q: q{i}" for i in range(32)]
+    assert len(engine.bodies) == 32
+    assert engine.max_seen == 3  # never more than max_inflight at the engine, and the cap was used
+
+
+def test_an_engine_without_v1_models_needs_options_model(tmp_path: Path) -> None:
+    with RunningEngine(FakeEngine(models_status=404)) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}', model: named"), {"question": "hi"})["answer"]
+        assert engine.bodies[0]["model"] == "named"
+        with pytest.raises(BackendError, match=r"GET /v1/models with HTTP 404"):
+            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
