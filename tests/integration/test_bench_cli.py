@@ -61,7 +61,7 @@ def test_bench_url_target_reads_server_metrics(tmp_path):
     sys.path.insert(0, str(ROOT / "tests" / "resources" / "serve"))
     from harness import start_server
 
-    server = start_server(GRAPH, tmp=tmp_path)
+    server = start_server(GRAPH, "--no-cache", tmp=tmp_path)  # else repeated samples are cache hits: no rec call
     try:
         # long enough that document requests finish on a loaded 2-core machine (the first ones warm up)
         doc = invoke("bench", server.url, "--duration", "10", "--warmup", "2", "--concurrency", "2", "--json")

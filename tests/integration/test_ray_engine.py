@@ -55,8 +55,7 @@ def graph() -> Graph:
     )
     # no node cache: these tests count model calls and object-store bytes, which repeated documents
     # answered from the router's cache would not make
-    nodes = {name: dataclasses.replace(node, cache=None) for name, node in g.nodes.items()}
-    return dataclasses.replace(g, deploy=deploy, nodes=nodes, cache=None)
+    return dataclasses.replace(g.without_cache(), deploy=deploy)
 
 
 @pytest.fixture(scope="module")

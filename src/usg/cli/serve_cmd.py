@@ -91,6 +91,9 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 @click.option(
+    "--no-cache", is_flag=True, help="Turn every node cache off (the graph's cache: sections), e.g. to benchmark."
+)
+@click.option(
     "--reference",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
@@ -153,6 +156,7 @@ def serve(
     api_key_env: str | None,
     otel: str | None,
     no_batching: bool,
+    no_cache: bool,
     engine: str,
     ray_address: str | None,
     deploy_timeout: float,
@@ -174,6 +178,8 @@ def serve(
             raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
         if fp32:
             raise UsageError("--fp32 applies to the embedded engine only; fix: move GRAPH.quant.yaml away for Ray")
+        if no_cache:
+            raise UsageError("--no-cache applies to the embedded engine only; fix: drop it with --engine ray")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -213,6 +219,8 @@ def serve(
 
         check_port_free(host, grpc_port)
     graph = load_graph_for_cli(graph_path, quantized=not fp32)
+    if no_cache:
+        graph = graph.without_cache()
     if index_path:
         from usg.index.http import search_routes
     provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None

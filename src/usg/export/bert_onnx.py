@@ -74,7 +74,8 @@ class _Builder:
     def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         self._n += 1
         out = f"{op_type.lower()}_{self._n}"
-        self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], **attrs))
+        # named nodes: ONNX Runtime's quantizer excludes nodes by name (usg quantize's fallback)
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], name=f"{op_type}_{self._n}", **attrs))
         return out
 
     def linear(self, x: str, name: str) -> str:
@@ -149,7 +150,7 @@ def build_bert_encoder(model_dir: Path, output: Path, *, opset: int = 17) -> Pat
     counts = b.op("Max", b.op("ReduceSum", m3, axis1, keepdims=0), b.const(np.array(1e-9, np.float32)))
     pooled = b.op("Div", summed, counts)
     norm = b.op("Max", b.op("ReduceL2", pooled, axes=[1], keepdims=1), b.const(np.array(1e-12, np.float32)))
-    b.nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"]))
+    b.nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"], name="l2_normalize"))
     ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in _INPUTS]
     out = [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", hidden])]
     graph = helper.make_graph(b.nodes, "bert_sentence_encoder", ints, out, initializer=b.inits)

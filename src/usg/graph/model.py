@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,12 @@ class Graph:
 
     def upstream(self, node: str) -> set[str]:
         return {r.source for r in self.nodes[node].inputs.values() if not r.is_graph_input}
+
+    def without_cache(self) -> Graph:
+        """The same graph with every node cache off (``usg serve --no-cache``; benchmarks and tests
+        that count model calls)."""
+        nodes = {name: dataclasses.replace(node, cache=None) for name, node in self.nodes.items()}
+        return dataclasses.replace(self, nodes=nodes, cache=None)
 
     def consumers(self, node: str) -> list[str]:
         return [n for n, d in self.nodes.items() if any(r.source == node for r in d.inputs.values())]
