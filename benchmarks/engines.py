@@ -3,7 +3,8 @@
 Starts `usg serve GRAPH` (embedded) and `usg serve GRAPH --engine ray` (a local Ray on this
 machine) one after the other on a free 127.0.0.1 port, runs `usg bench URL` against each
 (closed loop, the same clients and duration), alternating the order over rounds, and prints
-requests/s, p50/p95 and the ratio ray / embedded per round. On one machine the Ray engine
+requests/s, p50/p95, the CPU time the server's process tree (Ray's processes included) spent per
+request, and the ratios ray / embedded per round. On one machine the Ray engine
 pays a process hop per model call; this measures what that costs before you need it.
 
 Run: python benchmarks/engines.py [--concurrency 8] [--duration 20] [--rounds 2] [--graph PATH]
@@ -28,6 +29,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 USG = Path(sys.executable).parent / "usg"
+NO_CACHE = ["--no-cache"]  # --no-cache-flag off: for a USG whose Ray engine lacks it (use a graph without cache:)
 
 
 def _free_port() -> int:
@@ -36,12 +38,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tree_cpu_s(pid: int) -> float:
+    import psutil
+
+    total = 0.0
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # exited meanwhile
+            pass
+    return total
+
+
+def _served(port: int) -> float:
+    """Requests the server answered so far (its /metrics request counter)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("usg_request_seconds_count")
+    )
+
+
 def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
     port = _free_port()
     log = Path(tempfile.gettempdir()) / f"usg-engines-{engine}-{port}.log"
     with log.open("wb") as fh:
         server = subprocess.Popen(
-            [str(USG), "serve", str(graph), "--engine", engine, "--port", str(port), "--max-inflight", "256"],
+            # --no-cache: the samples repeat, a node cache would answer them
+            [str(USG), "serve", str(graph), "--engine", engine, "--port", str(port), "--max-inflight=256", *NO_CACHE],
             stdout=fh,
             stderr=subprocess.STDOUT,
         )
@@ -56,6 +81,7 @@ def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
+        cpu0, served0 = _tree_cpu_s(server.pid), _served(port)
         out = subprocess.run(
             [
                 str(USG),
@@ -76,6 +102,10 @@ def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup
             check=True,
         )
         result: dict[str, Any] = json.loads(out.stdout)["results"][0]
+        # CPU of the server and every process it started (Ray's GCS, raylet, replicas) per request
+        # it answered (warm-up included): what the engine costs, whatever else runs on the machine
+        served = _served(port) - served0
+        result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
         return result
     finally:
         server.send_signal(signal.SIGTERM)
@@ -92,25 +122,32 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-cache-flag", choices=["on", "off"], default="on")
     args = ap.parse_args()
+    if args.no_cache_flag == "off":
+        NO_CACHE.clear()
     os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
-    print(f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6}")
-    ratios = []
+    print(f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10}")
+    ratios, cpu_ratios = [], []
     for r in range(1, args.rounds + 1):
         order = ["embedded", "ray"] if r % 2 else ["ray", "embedded"]
         got = {}
         for engine in order:
             res = _measure(engine, args.graph, args.concurrency, args.duration, args.warmup)
             got[engine] = res
+            res = {k: (float("nan") if v is None else v) for k, v in res.items()}  # nothing completed
             print(
                 f"{r:>5} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} {res['p95_ms']:>8.0f} "
-                f"{res['errors']:>6}"
+                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f}"
             )
         ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
         ratios.append(ratio)
-        print(f"{r:>5} ray / embedded throughput = {ratio:.2f}x")
+        cpu = got["embedded"]["cpu_ms_per_request"] / max(1e-9, got["ray"]["cpu_ms_per_request"])
+        cpu_ratios.append(cpu)
+        print(f"{r:>5} ray / embedded throughput = {ratio:.2f}x; embedded / ray CPU per request = {cpu:.2f}x")
     ratios.sort()
     print(f"median ray / embedded over {len(ratios)} round(s): {statistics.median(ratios):.2f}x")
+    print(f"median embedded / ray CPU per request: {statistics.median(cpu_ratios):.2f}x")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,28 @@ def product_path(
     dim: int,
     flat384: int,
 ) -> None:
+    """``usg.index`` with residual re-ranking (the default) and without (``--no-refine``)."""
+    for refine in (True, False):
+        product_variant(lines, base384, queries384, qlines, truth, dim, flat384, refine)
+
+
+def head_bytes(head) -> int:
+    arrays = [head.matrix]
+    if head.residual is not None:
+        arrays += [head.residual.matrix, head.residual.lo, head.residual.step]
+    return sum(a.nbytes for a in arrays if a is not None)
+
+
+def product_variant(
+    lines: list[str],
+    base384: np.ndarray,
+    queries384: np.ndarray,
+    qlines: list[str],
+    truth: np.ndarray,
+    dim: int,
+    flat384: int,
+    refine: bool,
+) -> None:
     from usg.graph import load_graph
     from usg.index.encoder import file_digest, find_text_encoder, query_graph
     from usg.index.head import fit_head
@@ -179,7 +201,7 @@ def product_path(
     chain = find_text_encoder(graph)
     digest = file_digest(chain.encoder_path(graph))
     t0 = time.perf_counter()
-    head = fit_head(base384, dim)
+    head = fit_head(base384, dim, refine=refine)
     fit_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         idx = DocumentIndex.create(
@@ -202,41 +224,52 @@ def product_path(
                 [None] * len(lines[chunk]),
                 head.apply(base384[chunk]),
                 None,
+                head.codes(base384[chunk]),
             )
         add_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         idx.save()
         save_s = time.perf_counter() - t0
         disk = sum(f.stat().st_size for f in (Path(tmp) / "idx").rglob("*") if f.is_file())
-        vec_bytes = shard.lines.nbytes + head.matrix.nbytes if head.matrix is not None else shard.lines.nbytes
+        vec_bytes = shard.lines.nbytes + head_bytes(head)
         t0 = time.perf_counter()
         idx = DocumentIndex.open(Path(tmp) / "idx")
         open_s = time.perf_counter() - t0
-        found, ms = [], []
+        found, ms, cpu = [], [], []
         for q in queries384:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             hits = idx.search(q, encoder_digest=digest, k=K)
             ms.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.thread_time() - c0) * 1000)
             found.append(hits)
         # map hits back to corpus rows through their text (lines are distinct)
         row = {t: i for i, t in enumerate(lines)}
         found_rows = np.asarray([[row[h.text] for h in hs] for hs in found])
+        codes = (
+            f"re-ranked by {head.code_bytes} B/vector of residual codes ({head.residual.describe()['bits']} bits)"
+            if head.residual is not None
+            else "no re-ranking (--no-refine)"
+        )
         print(
             f"\nusg.index at {len(lines)} lines, head {head.kind} {head.in_dim}→{head.out_dim} "
-            f"(keeps {head.explained:.1%} of the energy):"
+            f"(keeps {head.explained:.1%} of the energy), {codes}:"
         )
         print(
             f"  build from embeddings: head fit {fit_s:.1f} s, adds {add_s:.1f} s "
             f"({len(lines) / add_s:.0f} lines/s), save {save_s:.1f} s; open {open_s:.1f} s"
         )
         print(
-            f"  vectors + links + head: {vec_bytes / 2**20:.1f} MiB = {vec_bytes / flat384:.1%} of the 384-d "
-            f"float32 vectors ({flat384 / 2**20:.1f} MiB); whole folder with texts {disk / 2**20:.1f} MiB"
+            f"  vectors + links + codes + head: {vec_bytes / 2**20:.1f} MiB = {vec_bytes / flat384:.1%} of the "
+            f"384-d float32 vectors ({flat384 / 2**20:.1f} MiB); whole folder with texts {disk / 2**20:.1f} MiB"
         )
         print(
             f"  DocumentIndex.search: recall@10 {recall(found_rows, truth):.2%}, "
-            f"p50 {p(ms, 50):.2f} ms, p95 {p(ms, 95):.2f} ms"
+            f"p50 {p(ms, 50):.2f} ms, p95 {p(ms, 95):.2f} ms; CPU time of the searching thread "
+            f"p50 {p(cpu, 50):.2f} ms, p95 {p(cpu, 95):.2f} ms (what a query costs without waiting for a core)"
         )
+        if not refine:
+            return
+        sweep_candidates(idx, lines, queries384, truth, digest)
         searcher = Searcher(idx, graph)
         with Executor(query_graph(graph, chain)) as ex:
             ex.start_sync()
@@ -250,6 +283,33 @@ def product_path(
             f"  text query end to end (MiniLM through the executor + search), 200 queries: "
             f"p50 {p(e2e, 50):.1f} ms, p95 {p(e2e, 95):.1f} ms"
         )
+
+
+def sweep_candidates(idx, lines: list[str], queries384: np.ndarray, truth: np.ndarray, digest: str) -> None:
+    """Recall and time against the number of graph neighbours re-ranked (usg.index.vectors.CANDIDATES)."""
+    from usg.index import vectors
+
+    saved = vectors.CANDIDATES, vectors.EF_REFINE
+    row = {t: i for i, t in enumerate(lines)}
+    print("  re-ranked candidates (graph ef = max(candidates, 500)):")
+    try:
+        for n in (50, 100, 200, 300, 500):
+            vectors.CANDIDATES, vectors.EF_REFINE = n, max(n, 500)
+            found, ms, cpu = [], [], []
+            for q in queries384:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                hits = idx.search(q, encoder_digest=digest, k=K)
+                ms.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.thread_time() - c0) * 1000)
+                found.append([row[h.text] for h in hits])
+            mark = "  <- default" if n == saved[0] else ""
+            print(
+                f"    {n:4d}: recall@10 {recall(np.asarray(found), truth):.2%}, "
+                f"p50 {p(ms, 50):.2f} ms, p95 {p(ms, 95):.2f} ms; CPU p50 {p(cpu, 50):.2f} ms, "
+                f"p95 {p(cpu, 95):.2f} ms{mark}"
+            )
+    finally:
+        vectors.CANDIDATES, vectors.EF_REFINE = saved
 
 
 def embedding_throughput(sample: list[str]) -> None:

@@ -29,10 +29,11 @@ from usg.errors import (
 )
 from usg.graph import BatchPolicy, Graph, GraphBuilder, PadPolicy, load_graph
 from usg.ops.signature import ListOf, op
-from usg.runtime import Executor, InferResult, Observer
+from usg.runtime import AlignBuffer, Executor, InferResult, Observer
 from usg.specs import Modality, TensorSpec
 
 __all__ = [
+    "AlignBuffer",
     "BackendError",
     "BatchPolicy",
     "ContractError",

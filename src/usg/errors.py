@@ -46,6 +46,8 @@ class USGError(Exception):
 
     status: int = 500
     reason: str = "error"
+    #: the graph node that raised it (set by the executor; HTTP error bodies carry it)
+    node: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"error": self.reason, "message": str(self)}

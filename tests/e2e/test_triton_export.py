@@ -103,7 +103,10 @@ def test_image_and_text_answer_like_the_in_process_executor(ocr_triton: harness.
     image, text = SAMPLE.read_bytes(), "total due"
     got = infer(ocr_triton, "document-ocr", {"image": image, "text": text.encode()})
     want = in_process(ocr_graph, {"image": image, "text": text})
-    assert set(got) == {"lines", "ocr_embedding", "text_embedding"}
+    assert set(got) == {"lines", "ocr_embedding", "text_embedding", "relevance"}
+    (relevance,) = [json.loads(x) for x in got["relevance"]]  # a dict output: one JSON document
+    assert relevance["best_line"]["text"] == want["relevance"]["best_line"]["text"]
+    np.testing.assert_allclose(relevance["lines"], want["relevance"]["lines"], atol=1e-3)
     lines = [json.loads(x) for x in got["lines"]]
     assert [x["text"] for x in lines] == [x["text"] for x in want["lines"]]
     assert len(lines) >= 5

@@ -25,6 +25,7 @@ def graph():
 def same(a, b) -> None:
     assert set(a.outputs) == set(b.outputs)
     assert a.outputs["lines"] == b.outputs["lines"]
+    assert a.outputs.get("relevance") == b.outputs.get("relevance")
     for k in ("ocr_embedding", "text_embedding"):
         if k in a.outputs:
             np.testing.assert_array_equal(a.outputs[k], b.outputs[k])
@@ -44,7 +45,13 @@ def test_a_repeated_document_is_a_hit_equal_to_the_uncached_answer(graph):
     same(first, want)
     same(second, want)
     same(third, want_other)
-    assert stats == {"lines": (1, 2, 0, 0), "ocr_emb": (1, 2, 0, 0), "text_emb": (1, 1, 0, 0)}
+    assert stats == {
+        "lines": (1, 2, 0, 0),
+        "ocr_emb": (1, 2, 0, 0),
+        "text_emb": (1, 1, 0, 0),
+        "line_emb": (1, 1, 0, 0),  # the image alone embeds no line
+        "relevance": (1, 1, 0, 0),
+    }
     assert {"det", "rec", "cls"} <= set(first.node_ms)
     assert set(second.node_ms) == set()  # every output from the cache: no node ran
     assert second.integrity["image"] == "sha256:" + hashlib.sha256(png).hexdigest()

@@ -123,14 +123,39 @@ def test_text_embedding_matches_sentence_transformers(executor):
 def test_image_and_text_together_fill_all_outputs(executor):
     image = render_document(DOCS["sans"])
     r = executor.infer_sync({"image": image, "text": "revenue growth"})
-    assert set(r.outputs) == {"lines", "ocr_embedding", "text_embedding"}
+    assert set(r.outputs) == {"lines", "ocr_embedding", "text_embedding", "relevance"}
     assert r.pruned_nodes == []
     assert set(r.node_ms) == set(executor.graph.nodes)
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_relevance_scores_the_query_against_the_document_and_each_line(executor):
+    r = executor.infer_sync({"image": render_document(DOCS["sans"]), "text": "revenue growth"})
+    rel, lines = r.outputs["relevance"], r.outputs["lines"]
+    best = int(np.argmax(rel["lines"]))
+    assert rel["best_line"] == {"index": best, "text": lines[best]["text"], "score": rel["lines"][best]}
+    assert "Revenue" in rel["best_line"]["text"], lines  # the query is "revenue growth"
+    assert rel["document"] == pytest.approx(_cos(r.outputs["text_embedding"], r.outputs["ocr_embedding"]), abs=1e-4)
+    assert len(rel["lines"]) == len(lines)
+    for line, score in zip(lines, rel["lines"], strict=True):  # each line embedded alone, as a query would be
+        alone = executor.infer_sync({"text": line["text"]}).outputs["text_embedding"]
+        assert score == pytest.approx(_cos(r.outputs["text_embedding"], alone), abs=1e-3), line["text"]
+
+
+def test_a_document_without_a_query_embeds_no_line(executor):
+    r = executor.infer_sync({"image": render_document(DOCS["small"])})
+    assert "relevance" not in r.outputs and "ocr_embedding" in r.outputs
+    assert {"line_txt", "line_tok", "line_emb", "relevance"} <= set(r.pruned_nodes)
+    assert "line_emb" not in r.node_ms
 
 
 def test_blank_page_gives_no_lines_and_no_ocr_embedding(executor):
     blank = np.full((300, 400, 3), 255, np.uint8)
     r = executor.infer_sync({"image": blank, "text": "x"})
     assert r.outputs["lines"] == []
-    assert "ocr_embedding" not in r.outputs
+    assert "ocr_embedding" not in r.outputs and "relevance" not in r.outputs
     assert "ocr_emb" in r.pruned_nodes

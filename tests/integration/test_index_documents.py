@@ -163,3 +163,31 @@ def test_blank_pages_only_is_a_clear_error(graph, tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match=r"no lines were read from the inputs .*fix: index documents with text"):
         build_index(graph, files, tmp_path / "idx", collection="x")
+
+
+def test_cli_build_with_a_head_re_ranks_with_residual_codes(tmp_path: Path) -> None:
+    """A 16-d head over real MiniLM embeddings keeps residual codes by default, records them in the
+    manifest, and finds the exact line with a score close to the exact cosine (``--no-refine``:
+    tests/unit/test_index_residual.py)."""
+    import inspect
+    import json as json_mod
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    # real sentences, no two alike: docstring lines of the standard library
+    lines = [ln.strip() for ln in (inspect.getdoc(json_mod) or "").splitlines() if len(ln.split()) >= 3][:30]
+    lines += [f"{name} is a module of the Python standard library" for name in sorted(sys.stdlib_module_names)][:30]
+    (src / "lines.txt").write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    out = tmp_path / "idx"
+    r = runner.invoke(cli, ["index", "build", str(src), "-o", str(out), "--dim", "16"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "re-ranked by 192 B of residual code" in r.output
+    head = json.loads((out / "manifest.json").read_text())["head"]
+    assert head["kind"] == "pca" and head["out_dim"] == 16
+    assert head["residual"] == {"components": 368, "bits": "8x16+4x352", "bytes_per_vector": 192}
+    r = runner.invoke(cli, ["search", str(out), lines[7], "-k", "1", "--json"], catch_exceptions=False)
+    hit = json.loads(r.output)["results"][0]
+    assert hit["text"] == lines[7]
+    assert hit["score"] == pytest.approx(1.0, abs=0.02)  # re-ranked: close to the exact cosine

@@ -27,6 +27,20 @@ def upper(text: str) -> dict[str, Any]:
     return {"text": text.upper()}
 
 
+def logged_upper(text: str, *, log: str) -> dict[str, Any]:
+    """upper, appending each computed text to the file ``log`` (a cache test counts computations)."""
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    return {"text": text.upper()}
+
+
+def router_pid(text: str) -> dict[str, Any]:
+    """The process that ran the node (in the Ray engine: the router replica)."""
+    import os
+
+    return {"pid": str(os.getpid())}
+
+
 def length(text: str) -> dict[str, Any]:
     return {"n": np.array([[len(text)]], dtype=np.float32)}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import numpy as np
 from rich.console import Console
@@ -105,6 +106,7 @@ usg_model_compute_seconds_count{model="rec"} 7.0
 usg_model_items_total{model="det"} 3.0
 usg_model_compute_seconds_sum{model="det"} 0.3
 usg_model_compute_seconds_count{model="det"} 3.0
+usg_batch_cap{model="rec"} 2.0
 """
 
 
@@ -120,6 +122,32 @@ def test_breakdown_from_metrics_deltas():
     assert rec.items_per_request == 3.0
     det = models["det"]
     assert det.calls == 3 and abs(det.compute_ms_mean - 100.0) < 1e-9
+    assert (rec.batch_cap, det.batch_cap) == (2, None)  # the server's usg_batch_cap gauge
+
+
+def test_breakdown_shows_each_batching_models_cap_and_what_its_controller_did():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from usg.graph import BatchPolicy
+    from usg.runtime.batcher import BatchingRunner
+    from usg.testing import FakeBackend
+
+    pool = ThreadPoolExecutor(1)
+    on = BatchingRunner("rec", FakeBackend(lambda i: i), pool, BatchPolicy(max_size=8, adaptive=True))
+    off = BatchingRunner("cls", FakeBackend(lambda i: i), pool, BatchPolicy(max_size=4, adaptive=False))
+    obs = BreakdownObserver()
+    obs.bind_runners({"rec": on, "cls": off})
+    obs.reset()
+    for _ in range(12):  # one decision window of calls whose cost is flat: the cap stays
+        on.controller.observe(BatchEvent("rec", 8, 8, 0, 0, (0.0,) * 8, 8.0, True))
+        obs.batch_finished(BatchEvent("rec", 8, 8, 0, 0, (0.0,) * 8, 8.0, True))
+    obs.batch_finished(BatchEvent("cls", 4, 4, 0, 0, (0.0,) * 4, 1.0, True))
+    models = {m.model: m for m in obs.snapshot()}
+    assert models["rec"].batch_cap == 8 and models["cls"].batch_cap == 4
+    assert models["cls"].controller == "off (declared values)"
+    assert re.match(r"on: settled cap 8, 0 move\(s\), 1 probe\(s\) in the run", models["rec"].controller)
+    assert models["rec"].to_json()["controller"] == models["rec"].controller
+    pool.shutdown()
 
 
 def test_bench_public_api_is_sorted_and_importable():

@@ -256,3 +256,64 @@ def test_a_leader_that_times_out_releases_its_key_and_a_follower_that_times_out_
     np.testing.assert_array_equal(r.outputs["y"], [[8.0]])
     np.testing.assert_array_equal(again.outputs["y"], [[8.0]])
     assert stats.hits == 1 and inflight == {}
+
+
+def _png(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((height, width, 3), 200, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_graph(**limits):
+    b = GraphBuilder("img").input("image", "image")
+    b.node("raw", fn="testops:raw_image", inputs={"image": "inputs.image"}, cache=True)
+    b.output("hwc", "raw.hwc")
+    if limits:
+        b.limits(**limits)
+    return b.build()
+
+
+def test_a_hit_is_answered_from_the_received_bytes_without_decoding_the_image(monkeypatch):
+    from usg.runtime import inputs
+
+    decoded = []
+    real = inputs.decode_image
+    monkeypatch.setattr(inputs, "decode_image", lambda *a, **k: decoded.append(1) or real(*a, **k))
+    data = _png(64, 32)
+    with Executor(image_graph()) as ex:
+        first = ex.infer_sync({"image": data})
+        second = ex.infer_sync({"image": data})
+    assert len(decoded) == 1  # the miss decoded; the hit did not
+    np.testing.assert_array_equal(first.outputs["hwc"], second.outputs["hwc"])
+    assert first.outputs["hwc"].shape == (32, 64, 3) and first.integrity == second.integrity
+
+
+def test_a_hit_never_bypasses_a_limit_the_miss_would_enforce():
+    """Header limits (pixels, aspect ratio, formats) are checked before the lookup; a body that
+    does not decode is refused on the miss and so never stored; a value stored under other
+    limits is another key."""
+    from usg.errors import PayloadTooLarge
+
+    wide = _png(3000, 20)  # aspect ratio 150:1
+    with Executor(image_graph(max_aspect_ratio=10)) as ex:
+        for _ in range(2):
+            with pytest.raises(PayloadTooLarge, match="aspect ratio of 150:1"):
+                ex.infer_sync({"image": wide})
+        cut = _png(64, 32)
+        cut = cut[: len(cut) - 40]  # header intact, pixel data cut
+        for _ in range(2):
+            with pytest.raises(InputError, match="truncated or corrupt"):
+                ex.infer_sync({"image": cut})
+        assert ex.cache.stats["raw"].stores == 0
+        gif_only = image_graph(image_formats=["GIF"])
+    from usg.cache.key import node_keys
+
+    digests = {"image": hashlib.sha256(wide).hexdigest()}
+    ids = {"raw": "same"}
+    assert node_keys(image_graph(), ids, digests, ["raw"]) != node_keys(gif_only, ids, digests, ["raw"])
+    with Executor(gif_only) as ex, pytest.raises(InputError, match="allowed format"):
+        ex.infer_sync({"image": _png(64, 32)})

@@ -7,6 +7,7 @@ comes from a cost model the test controls, and feeds the event back. No wall clo
 import asyncio
 import random
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,8 +18,9 @@ import pytest
 from usg.errors import GraphError
 from usg.graph import BatchPolicy, load_graph
 from usg.records import BatchEvent
-from usg.runtime.batcher import BatchingRunner
+from usg.runtime.batcher import BatchingRunner, controlled
 from usg.runtime.controller import BatchController, candidate_sizes
+from usg.runtime.kernel import BatchKernel
 from usg.testing import FakeBackend
 
 Cost = Callable[[int], float]  # items in a call -> compute ms of the call
@@ -252,8 +254,10 @@ def graph(tmp_path: Path, batch: str) -> Path:
 def test_graph_declares_adaptive_and_a_latency_target(tmp_path):
     g = load_graph(graph(tmp_path, ", adaptive: true, target_p95_ms: 250"))
     assert (g.models["tok"].batch.adaptive, g.models["tok"].batch.target_p95_ms) == (True, 250.0)
-    g = load_graph(graph(tmp_path, ""))
-    assert (g.models["tok"].batch.adaptive, g.models["tok"].batch.target_p95_ms) == (False, None)
+    g = load_graph(graph(tmp_path, ""))  # not written: decided per backend (see controlled())
+    assert (g.models["tok"].batch.adaptive, g.models["tok"].batch.target_p95_ms) == (None, None)
+    g = load_graph(graph(tmp_path, ", adaptive: false"))
+    assert g.models["tok"].batch.adaptive is False
 
 
 @pytest.mark.parametrize(
@@ -267,3 +271,77 @@ def test_graph_declares_adaptive_and_a_latency_target(tmp_path):
 def test_bad_controller_fields_name_field_value_and_fix(tmp_path, batch, match):
     with pytest.raises(GraphError, match=match):
         load_graph(graph(tmp_path, batch))
+
+
+# -- cost from CPU time, per element; on by default where that cost is available -----------------
+
+
+def test_cpu_time_is_the_cost_when_reported_so_wall_time_noise_does_not_mislead():
+    # wall time of each call swings 0.3x-3x (other processes on the cores); its CPU time is rec-like
+    ctl, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    rng = random.Random(1)
+    cost = superlinear(0.0, 0.7, 0.3)
+    for _ in range(600):
+        ctl.formed(64)
+        n = ctl.cap
+        ctl.observe(BatchEvent("m", n, n, 0, 0, (0.0,) * n, 0.5 * n * rng.uniform(0.3, 3.0), True, cpu_ms=cost(n)))
+    assert ctl.settled_cap == 1
+
+
+def test_cost_is_per_element_so_wide_and_narrow_items_compare():
+    # batch 1 calls happen to carry wide items (4x the elements), batch 8 narrow ones: per item
+    # batch 1 looks dearer, per element it is cheaper (0.2 vs 0.5 ms per 1000 elements)
+    ctl, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True), window=4, min_samples=2)
+    for _ in range(40):
+        n = ctl.cap
+        elems = 4000 * n if n == 1 else 1000 * n
+        per_k = 0.2 if n == 1 else 0.5
+        ctl.formed(64)
+        ctl.observe(BatchEvent("m", n, n, elems, elems, (0.0,) * n, per_k * elems / 1000, True, cpu_ms=None))
+        if n == 8:  # calls smaller than the cap also happen: they measure cap 1 for free
+            ctl.observe(BatchEvent("m", 1, 1, 4000, 4000, (0.0,), 0.2 * 4, True))
+    assert ctl.settled_cap == 1
+    assert ctl.cost_ms(1) is not None and ctl.cost_ms(8) is not None
+    assert ctl.cost_ms(1) < ctl.cost_ms(8)
+
+
+def test_jumps_straight_to_the_cheapest_cap_measured_by_smaller_calls():
+    # at cap 8 the queue only ever fills calls of 1, 2 or 6 items: the costs of caps 1, 2 and 8
+    # are all measured without a probe, and one decision goes 8 -> 1
+    ctl, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    cost = superlinear(0.0, 0.7, 0.3)
+    for k in range(12):
+        n = (1, 2, 6)[k % 3]
+        ctl.observe(BatchEvent("m", n, n, 0, 0, (0.0,) * n, cost(n), True, cpu_ms=cost(n)))
+    moves = [d for d in ctl.decisions if d.reason.startswith("per-item")]
+    assert [d.cap for d in moves] == [1]
+
+
+def test_the_kernel_reports_cpu_time_only_for_backends_that_do_their_work_in_the_calling_thread():
+    def busy(inputs):
+        t = time.thread_time() + 0.005
+        while time.thread_time() < t:
+            pass
+        return {"y": inputs["x"]}
+
+    async def one(cpu_in_caller: bool) -> BatchEvent:
+        fake = FakeBackend(busy)
+        fake.cpu_in_caller = cpu_in_caller
+        events: list[BatchEvent] = []
+        kernel = BatchKernel("m", fake, None)
+        items = [{"x": np.zeros((1, 2), np.float32)}] * 2
+        await kernel.run(items, [0.0, 0.0], lambda *a: None, lambda e, i: events.append(e))
+        return events[0]
+
+    on, off = asyncio.run(one(True)), asyncio.run(one(False))
+    assert on.cpu_ms is not None and on.cpu_ms >= 4.0
+    assert off.cpu_ms is None
+
+
+def test_the_controller_is_on_by_default_where_calls_report_cpu_time_or_a_target_is_declared():
+    fake = FakeBackend(lambda i: i)
+    assert not controlled(BatchPolicy(max_size=8), fake)  # wall time only: the declared values hold
+    assert controlled(BatchPolicy(max_size=8, target_p95_ms=100), fake)
+    fake.cpu_in_caller = True  # e.g. a single-threaded CPU ONNX Runtime session
+    assert controlled(BatchPolicy(max_size=8), fake)
+    assert not controlled(BatchPolicy(max_size=8, adaptive=False), fake)  # written: it wins

@@ -11,13 +11,16 @@ import pytest
 from usg.doctor.findings import RootCause
 from usg.doctor.logs.corpus import CORPUS_DIR, load_corpus, thread_key
 
-# the held-out list lives in the team's shared/ folder beside the checkout (never copied into the repo)
-SHARED_HELDOUT = Path(__file__).resolve().parents[3] / "shared" / "heldout-threads.txt"
+# the held-out list lives in the team's shared/ folder beside the checkout (never copied into the repo);
+# a git worktree sits one level deeper (wt/NAME) than the main checkout
+_HERE = Path(__file__).resolve()
+_CANDIDATES = [_HERE.parents[i] / "shared" / "heldout-threads.txt" for i in (3, 4)]
+SHARED_HELDOUT = next((p for p in _CANDIDATES if p.is_file()), _CANDIDATES[0])
 
 
 def _heldout() -> set[str]:
     if not SHARED_HELDOUT.is_file():
-        pytest.skip(f"the held-out thread list {SHARED_HELDOUT} is not beside this checkout")
+        pytest.skip(f"the held-out thread list is not beside this checkout (looked at {_CANDIDATES})")
     lines = SHARED_HELDOUT.read_text().splitlines()
     return {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
 

@@ -13,8 +13,8 @@ import pytest
 
 from usg.doctor.findings import RootCause, Severity
 from usg.doctor.hf.coupling import check_vlm_coupling
-from usg.doctor.hf.vision import anyres_tokens, qwen2_vl_resize
 from usg.doctor.registry import checks_for
+from usg.vision_tokens import anyres_tokens, qwen2_vl_resize
 
 HF = Path(__file__).parents[1] / "resources" / "hf"
 REAL = ["llava-1.5-7b-hf", "llava-v1.6-mistral-7b-hf", "Qwen2-VL-2B-Instruct", "paligemma-3b-pt-224"]

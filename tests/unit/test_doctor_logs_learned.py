@@ -10,6 +10,7 @@ from usg.doctor.findings import RootCause, Severity
 from usg.doctor.logs import classify as classify_mod
 from usg.doctor.logs.classify import classify_text, root_error
 from usg.doctor.logs.corpus import load_corpus
+from usg.doctor.logs.model import DEFAULT_CALIBRATION
 from usg.doctor.logs.similar import CaseIndex, message_evidence
 
 CORPUS_URLS = {c.url for c in load_corpus()}
@@ -24,7 +25,7 @@ def test_unseen_phrasing_gets_class_confidence_evidence_and_known_cases() -> Non
     assert line not in {c.excerpt for c in load_corpus()}
     [f] = classify_text(line, "server.log")
     assert f.code == "LOG050" and f.root_cause is RootCause.MEMORY and f.severity is Severity.ERROR
-    assert 0.35 <= f.evidence["confidence"] <= 1.0
+    assert DEFAULT_CALIBRATION.threshold <= f.evidence["confidence"] <= 1.0
     assert f.evidence["numbers"][:1] == ["2025"] and "4096" in f.evidence["numbers"]
     assert f.evidence["causal_line"].startswith("[2025-01-02")
     cases = f.evidence["similar_cases"]
@@ -59,7 +60,7 @@ def test_a_project_left_out_is_still_recognised_from_the_others() -> None:
 def test_far_from_every_case_stays_unclassified() -> None:
     [f] = classify_text("2024-01-01 10:00:01 ERROR flux capacitor desynchronised (code 88)")
     assert f.code == "LOG000" and f.root_cause is RootCause.UNCLASSIFIED
-    assert f.evidence["confidence"] < 0.35
+    assert f.evidence["confidence"] < DEFAULT_CALIBRATION.threshold
 
 
 def _triton_startup(n: int) -> list[str]:

@@ -36,7 +36,10 @@ def make_index(tmp_path: Path, head: Head, docs: dict[str, np.ndarray], collecti
     for doc, emb in docs.items():
         texts = [f"{doc} line {i}" for i in range(len(emb))]
         boxes = [[[0.0, float(i)], [10.0, float(i)], [10.0, i + 1.0], [0.0, i + 1.0]] for i in range(len(emb))]
-        shard.add_document(doc, "f" * 64, "image", texts, boxes, head.apply(emb), head.apply(emb.mean(0)))
+        page = emb.mean(0)
+        shard.add_document(
+            doc, "f" * 64, "image", texts, boxes, head.apply(emb), head.apply(page), head.codes(emb), head.codes(page)
+        )
     idx.save()
     return idx
 
@@ -98,6 +101,7 @@ def test_index_reopens_from_disk_with_the_same_answers(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["encoder"]["sha256"] == DIGEST
     assert manifest["head"]["kind"] == "pca" and manifest["head"]["out_dim"] == 8
+    assert manifest["head"]["residual"] == {"components": 24, "bits": "8x8+4x16", "bytes_per_vector": 16}
     assert manifest["collections"] == ["c"] and manifest["library"].startswith("faiss-cpu")
 
 

@@ -115,7 +115,7 @@ def test_engine_down_is_a_503_naming_model_url_and_fix(tmp_path: Path) -> None:
 def test_budget_refused_before_anything_is_sent(tmp_path: Path) -> None:
     engine_models = [{"id": "tiny", "max_model_len": 64}]
     with RunningEngine(FakeEngine(models=engine_models)) as engine:
-        too_long = r"prompt \d+ tokens \(estimated.*max_tokens 32 = \d+, above.*64"
+        too_long = r"prompt \d+ text tokens \(estimated.*max_tokens 32 = \d+, above.*64"
         with pytest.raises(PayloadTooLarge, match=too_long) as info:
             _ask(_graph(tmp_path, f"url: '{engine.url}', max_tokens: 32"), {"question": "word " * 40})
         assert info.value.status == 413

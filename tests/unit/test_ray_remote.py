@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -199,14 +200,17 @@ def test_the_ray_router_exports_spans_with_otel() -> None:
 
 
 def test_otel_variables_reach_the_router_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
-    from usg.scale.ray_app import _with_otel_env
+    from usg.scale.ray_app import _with_env, deployment_env
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
-    actor = _with_otel_env({"num_cpus": 0, "runtime_env": {"env_vars": {"A": "1"}}})
-    assert actor == {
-        "num_cpus": 0,
-        "runtime_env": {"env_vars": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "A": "1"}},
-    }
+    env = deployment_env("router", otel=True)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in deployment_env("model", otel=True)
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in deployment_env("router", otel=False)
+    # every deployment accepts gRPC replies past Ray's 4 MiB default (a 1440x736 det map is 4.2 MB)
+    assert int(deployment_env("model")["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"]) >= 64 * 2**20
+    actor = _with_env({"num_cpus": 0, "runtime_env": {"env_vars": {"A": "1"}}}, {"B": "2", "A": "0"})
+    assert actor == {"num_cpus": 0, "runtime_env": {"env_vars": {"B": "2", "A": "1"}}}
 
 
 def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
@@ -260,3 +264,44 @@ def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
         ex.infer_sync({"x": np.ones((1, 2), np.float32)})
     (node,) = events.nodes
     assert node.compute_ms == 4.0 and node.queue_ms >= 40.0, node
+
+
+def test_a_derived_array_travels_as_its_source_and_arrives_equal() -> None:
+    import pickle
+
+    from usg.ops.ocr import _det_input
+    from usg.ops.wire import derived
+    from usg.scale.transport import payload_bytes
+
+    image = np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    x = derived(_det_input, image)
+    np.testing.assert_array_equal(x, _det_input(image))  # in this process: the array itself
+    wire = pickle.dumps(x, protocol=5)
+    assert len(wire) < image.nbytes + 1024 < x.nbytes  # it pickles as the uint8 image
+    back = pickle.loads(wire)
+    assert type(back) is np.ndarray and back.dtype == np.float32
+    np.testing.assert_array_equal(back, x)
+    assert payload_bytes({"x": x}) == image.nbytes
+    assert len(pickle.dumps(x[:, :1], protocol=5)) > x[:, :1].nbytes  # a view is a plain array again
+
+
+def test_rec_output_is_reduced_on_its_replica_only_where_every_reader_declares_it() -> None:
+    import dataclasses
+
+    from usg.graph import load_graph
+    from usg.graph.model import Ref
+    from usg.ops.ocr import ctc_decode
+    from usg.ops.wire import best_path
+    from usg.scale.transport import output_reducers
+
+    g = load_graph(Path(__file__).resolve().parents[2] / "examples" / "document_ocr" / "graph.yaml")
+    assert output_reducers(g) == {"rec": {"out": "usg.ops.wire:best_path"}}
+    exported = dataclasses.replace(g, outputs={**g.outputs, "probs": Ref("rec", "out")})
+    assert output_reducers(exported) == {}  # a graph output keeps its full value
+    probs = np.random.default_rng(1).random((1, 12, 40), dtype=np.float32)
+    box = np.array([[0, 0], [10, 0], [10, 5], [0, 5]], np.float32)
+    meta = {"ops": [], "raw_shape": (100, 100)}
+    vocab = "pkg://rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
+    full = ctc_decode([probs], [box], meta, vocab_model=vocab, text_score=0.0)
+    reduced = ctc_decode([best_path(probs)], [box], meta, vocab_model=vocab, text_score=0.0)
+    assert full == reduced and full["lines"]

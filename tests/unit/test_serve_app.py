@@ -224,7 +224,7 @@ def test_v1_body_limit_by_content_length_and_while_streaming(client: TestClient)
 def test_v2_health_metadata_and_ready(client: TestClient) -> None:
     assert client.get("/v2/health/live").status_code == 200
     assert client.get("/v2/health/ready").json() == {"ready": True, "state": "ready"}
-    assert client.get("/v2").json()["extensions"] == ["binary_tensor_data"]
+    assert client.get("/v2").json()["extensions"] == ["binary_tensor_data", "generate"]
     meta = client.get("/v2/models/tiny").json()
     assert {i["name"]: (i["datatype"], i["shape"]) for i in meta["inputs"]} == {
         "text": ("BYTES", [1]),

@@ -45,12 +45,23 @@ class Backend(abc.ABC):
     #: calls that may run at once when the graph does not say (``options.concurrency``): a
     #: backend whose library is thread-safe and releases the GIL allows several in flight
     default_concurrency: int = 1
+    #: True when a call's whole CPU work runs in the calling thread (a single-threaded CPU
+    #: session): the thread's CPU time is then the call's cost, untouched by other processes
+    #: sharing the cores, and the batch controller weighs batch sizes by it (else by wall time)
+    cpu_in_caller: bool = False
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         """Run one item without blocking the event loop: remote backends override this (a backend
         that knows where the time went on the far side fills ``timing``: queue + transit, and
         compute); the default runs :meth:`infer` in a worker thread."""
         return await asyncio.to_thread(self.infer, inputs)
+
+    async def astream(
+        self, inputs: Mapping[str, Any], on_token: Callable[[str], None], timing: ItemTiming | None = None
+    ) -> dict[str, Any]:
+        """:meth:`ainfer`, calling ``on_token`` with each piece of text as the model generates it
+        (a generation engine's backend overrides this); the default generates nothing to stream."""
+        return await self.ainfer(inputs, timing)
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
         """Whether this call is cheap enough to run on the event loop (see :attr:`inline`)."""
@@ -105,6 +116,10 @@ class DelegatingBackend(Backend):
 
     def runs_inline(self, inputs: Mapping[str, Any]) -> bool:
         return self.inner.runs_inline(inputs)
+
+    @property
+    def cpu_in_caller(self) -> bool:  # type: ignore[override]  # read from the wrapped backend
+        return self.inner.cpu_in_caller
 
     @property
     def input_specs(self) -> Mapping[str, TensorSpec]:

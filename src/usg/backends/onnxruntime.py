@@ -141,6 +141,8 @@ class OnnxRuntimeBackend(DeclaredSpecsBackend):
                 f"fix: run `usg doctor {self.path}` to see which op or opset is the problem"
             ) from exc
         self.providers = list(self._session.get_providers())
+        # one intra-op thread on the CPU provider: ORT runs every op in the calling thread
+        self.cpu_in_caller = self.providers == ["CPUExecutionProvider"] and threads is not None and int(threads) == 1
         log.info(
             "model %s: %s on %s (intra-op threads %s)",
             self.name,

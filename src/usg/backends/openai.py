@@ -1,7 +1,7 @@
 """``backend: openai``: a language model served by an OpenAI-compatible engine (vLLM, SGLang, TGI,
 llama.cpp's server, ``transformers serve``).
 
-USG does not generate: it sends one chat completion per item to the engine, which batches
+USG does not generate: it sends one chat completion (or completion) per item to the engine, which batches
 continuously. So the model never gets a batcher here; at most ``max_inflight`` requests are
 at the engine at once (a semaphore), and no worker thread is held while it generates
 (:meth:`OpenAIBackend.ainfer` awaits the HTTP call on the event loop).
@@ -11,25 +11,37 @@ Options: ``url`` (the engine's base URL, with or without ``/v1``), ``model`` (el
 ``max_inflight`` (default 8), ``timeout_s`` (per engine request, default 120), ``retries``
 (on 429/503, honouring ``Retry-After``; default 3), ``max_model_len`` (else read from
 ``/v1/models`` where the engine reports it, as vLLM does), ``max_tokens`` (default 256),
-``temperature``, ``tokenizer`` (a ``tokenizer.json`` to count prompt tokens exactly; else an
-over-estimate), ``image_tokens`` (prompt tokens one image counts for, default 0).
+``temperature``, ``endpoint`` (``chat`` or ``completions``: :mod:`usg.backends.openai_api`),
+``tokenizer`` / ``hf_model`` / ``image_tokens`` (the token budget: :mod:`usg.backends.llm_budget`).
+``engine_stream`` (default true: ask the engine to stream, so token deltas reach streaming
+clients as they are generated, time to first token is measured, and a cancelled request closes
+the engine's stream, which stops its generation; false for an engine without streaming).
 
 Input ``messages``: a list of chat messages (``usg.ops.llm:chat`` builds them), or a string
-(one user message). Output ``text``: the answer.
+(one user message; with ``endpoint: completions`` the prompt, e.g. from ``usg.ops.llm:complete``).
+Output ``text``: the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
-from usg.errors import BackendError, GraphError, GraphProblem, InputError, PayloadTooLarge, RequestTimeout, StateError
+from usg.backends.llm_budget import PromptBudget, count_prompt_tokens
+from usg.backends.openai_stream import CallRecorder, read_chat_stream, stream_cut
+from usg.errors import (
+    BackendError,
+    GraphError,
+    GraphProblem,
+    RequestTimeout,
+    StateError,
+    USGError,
+)
 from usg.records import ItemTiming
 from usg.specs import TensorSpec
 
@@ -40,7 +52,6 @@ LLM_INPUTS = {"messages": TensorSpec()}
 LLM_OUTPUTS = {"text": TensorSpec("str")}
 _RETRY_STATUS = (429, 503)
 _MAX_RETRY_AFTER_S = 30.0
-_PER_MESSAGE_TOKENS = 8  # chat-template markers around each message (role, start/end tokens)
 
 
 def _httpx() -> Any:
@@ -51,52 +62,6 @@ def _httpx() -> Any:
 
         raise MissingDependency("httpx", "llm", "backend: openai") from None
     return httpx
-
-
-def _text_parts(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], int]:
-    """The text of every message (content strings and text parts), and the number of images."""
-    texts: list[str] = []
-    images = 0
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, str):
-            texts.append(content)
-            continue
-        for part in content or ():
-            if part.get("type") == "text":
-                texts.append(str(part.get("text", "")))
-            elif part.get("type") == "image_url":
-                images += 1
-    return texts, images
-
-
-def count_prompt_tokens(
-    messages: Sequence[Mapping[str, Any]], tokenizer: Any | None = None, *, image_tokens: int = 0
-) -> tuple[int, str]:
-    """Prompt tokens of ``messages`` and how they were counted: exactly with a ``tokenizers``
-    tokenizer, else an over-estimate (one token per 3 UTF-8 bytes, rounded up)."""
-    texts, images = _text_parts(messages)
-    overhead = _PER_MESSAGE_TOKENS * len(messages) + image_tokens * images
-    if tokenizer is not None:
-        counted = sum(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)) if texts else 0
-        return counted + overhead, "counted with the model's tokenizer"
-    estimate = sum(math.ceil(len(t.encode("utf-8")) / 3) for t in texts)
-    return estimate + overhead, "estimated (UTF-8 bytes / 3; set options.tokenizer for an exact count)"
-
-
-def _messages(value: Any, model: str) -> list[dict[str, Any]]:
-    """The chat messages of one item (the executor wraps a string in a one-item list)."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list) and value and all(isinstance(m, Mapping) and "role" in m for m in value):
-        return [dict(m) for m in value]
-    raise InputError(
-        f"model {model!r} input 'messages': got {type(value).__name__}, not a non-empty list of chat messages",
-        field="messages",
-        fix="wire the messages of a usg.ops.llm:chat node (or a string) to it",
-    )
 
 
 def _retry_after(headers: Mapping[str, str], attempt: int) -> float:
@@ -130,6 +95,13 @@ def _expand(value: Any, where: str) -> str:
     return text
 
 
+class _Retry(Exception):
+    """The engine said 429/503 and a retry is left: wait ``wait_s`` and send again."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+
+
 class OpenAIBackend(Backend):
     """Chat completions at an OpenAI-compatible engine; see the module docstring for options."""
 
@@ -160,11 +132,13 @@ class OpenAIBackend(Backend):
         self.retries = max(0, int(opts.get("retries", 3)))
         self.max_tokens = int(opts.get("max_tokens", 256))
         self.temperature = opts.get("temperature")
-        self.image_tokens = int(opts.get("image_tokens", 0))
+        self.endpoint = openai_api.check_endpoint(opts.get("endpoint"), self.name)
+        self.budget = PromptBudget(opts, self.name)
+        self.engine_stream = bool(opts.get("engine_stream", True))
+        #: requests at the engine now (at most max_inflight)
+        self.inflight = 0
         declared = opts.get("max_model_len")
         self.max_model_len: int | None = int(declared) if declared else None
-        self.tokenizer_path = Path(opts["tokenizer"]) if opts.get("tokenizer") else None
-        self._tokenizer: Any = None
         self._sem: asyncio.Semaphore | None = None
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -173,7 +147,7 @@ class OpenAIBackend(Backend):
 
     @property
     def input_specs(self) -> Mapping[str, TensorSpec]:
-        return {}  # messages are not tensors; :func:`_messages` checks them
+        return {}  # messages are not tensors; :func:`usg.backends.openai_api.prompt_value` checks them
 
     @property
     def output_specs(self) -> Mapping[str, TensorSpec]:
@@ -197,10 +171,7 @@ class OpenAIBackend(Backend):
     def load(self) -> None:
         """Load the tokenizer (if given) and ask the engine for its models (if it is up: an engine
         started later is asked at the first request)."""
-        if self.tokenizer_path is not None and self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+        self.budget.load()
         httpx = _httpx()
         try:
             with httpx.Client(timeout=min(self.timeout_s, 10.0), headers=self._headers()) as client:
@@ -263,30 +234,27 @@ class OpenAIBackend(Backend):
             await client.aclose()
         self.close()
 
-    def request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """The chat completion sent for ``messages`` (after the budget check)."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
-        if self.temperature is not None:
-            body["temperature"] = float(self.temperature)
-        return body
+    def request_body(self, prompt: list[dict[str, Any]] | str) -> dict[str, Any]:
+        """The engine request sent for ``prompt`` (after the budget check)."""
+        return openai_api.request_body(self.endpoint, self.model, prompt, self.max_tokens, self.temperature)
 
-    def check_budget(self, messages: list[dict[str, Any]]) -> None:
-        """Raise :class:`PayloadTooLarge` when prompt + ``max_tokens`` cannot fit ``max_model_len``."""
-        if self.max_model_len is None:
-            return
-        prompt, how = count_prompt_tokens(messages, self._tokenizer, image_tokens=self.image_tokens)
-        if prompt + self.max_tokens > self.max_model_len:
-            raise PayloadTooLarge(
-                f"model {self.name!r}: prompt {prompt} tokens ({how}) + max_tokens {self.max_tokens} = "
-                f"{prompt + self.max_tokens}, above the engine's max_model_len {self.max_model_len}",
-                field="messages",
-                fix="send a shorter question or document, lower options.max_tokens, or serve the model "
-                "with a longer context (vLLM --max-model-len)",
-            )
+    def check_budget(self, prompt: list[dict[str, Any]] | str) -> None:
+        """Raise :class:`PayloadTooLarge` when prompt + images + ``max_tokens`` cannot fit ``max_model_len``."""
+        self.budget.check(prompt, self.max_tokens, self.max_model_len)
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        return await self.astream(inputs, None, timing)
+
+    async def astream(
+        self,
+        inputs: Mapping[str, Any],
+        on_token: Callable[[str], None] | None,
+        timing: ItemTiming | None = None,
+    ) -> dict[str, Any]:
+        """One chat completion; ``on_token`` gets each content delta as the engine streams it, and
+        ``timing.engine_calls`` each request sent (see :class:`usg.records.EngineCall`)."""
         client = self._async_client()
-        messages = _messages(inputs.get("messages"), self.name)
+        messages = openai_api.prompt_value(self.endpoint, inputs.get("messages"), self.name)
         httpx = _httpx()
         if not self._discovered and (self.model is None or self.max_model_len is None):
             assert self._discovery is not None
@@ -300,12 +268,95 @@ class OpenAIBackend(Backend):
         body = self.request_body(messages)
         assert self._sem is not None
         async with self._sem:
-            resp = await self._post(client, body)
-        return {"text": self._answer(resp)}
+            self.inflight += 1
+            try:
+                text = await self._generate(client, body, on_token, timing)
+            finally:
+                self.inflight -= 1
+        return {"text": text}
+
+    async def _generate(
+        self, client: Any, body: dict[str, Any], on_token: Callable[[str], None] | None, timing: ItemTiming | None
+    ) -> str:
+        calls = timing.engine_calls if timing is not None else []
+        if not self.engine_stream:
+            call = CallRecorder(self.name, self.url)
+            try:
+                resp = await self._post(client, body)
+                call.answered(resp.status_code, resp.headers)
+                text = self._answer(resp)
+                call.chunk(resp.json())
+            except USGError as exc:
+                if isinstance(exc, BackendError):  # the engine answered with this status
+                    call.status = exc.status
+                call.error = str(exc)[:300]
+                raise
+            finally:
+                calls.append(call.record())
+            if on_token is not None and text:
+                on_token(text)
+            return text
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        for attempt in range(self.retries + 1):
+            call = CallRecorder(self.name, self.url)
+            try:
+                return await self._stream_once(client, body, on_token, call, attempt)
+            except _Retry as retry:
+                call.error = f"HTTP {call.status}, retried after {retry.wait_s:g} s"
+                wait = retry.wait_s
+            except USGError as exc:
+                call.error = str(exc)[:300]
+                raise
+            except asyncio.CancelledError:  # the request was cancelled: its stream to the engine is closed
+                call.error = f"cancelled after {call.deltas} token deltas"
+                raise
+            finally:
+                calls.append(call.record())
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def _stream_once(
+        self,
+        client: Any,
+        body: dict[str, Any],
+        on_token: Callable[[str], None] | None,
+        call: CallRecorder,
+        attempt: int,
+    ) -> str:
+        """One streamed request; raises :class:`_Retry` on a 429/503 that may be retried."""
+        httpx = _httpx()
+        path = openai_api.ENDPOINTS[self.endpoint]
+        where = f"model {self.name!r}: POST {path} at {self.url}"
+        try:
+            async with client.stream("POST", f"{self.url}{path}", json=body, headers=self._headers()) as resp:
+                call.answered(resp.status_code, resp.headers)
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    if resp.status_code in _RETRY_STATUS and attempt < self.retries:
+                        raise _Retry(_retry_after(resp.headers, attempt))
+                    raise self._engine_error(resp, f"POST {path}")
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    await resp.aread()  # an engine that answers a stream request with one JSON completion
+                    text = self._answer(resp)
+                    call.chunk(resp.json())
+                    if on_token is not None and text:
+                        on_token(text)
+                    return text
+                return await read_chat_stream(resp.aiter_bytes(), call, on_token, where)
+        except httpx.TimeoutException:
+            raise RequestTimeout(
+                f"model {self.name!r}: the engine at {self.url} sent nothing for {self.timeout_s:g} s; "
+                "fix: raise options.timeout_s, lower max_tokens, or check the engine's load"
+            ) from None
+        except httpx.TransportError as exc:
+            if call.status:  # it answered, then the connection dropped mid-stream
+                how = f"with the connection dropped after {call.deltas} token deltas ({exc})"
+                raise stream_cut(where, how) from None
+            raise self._down(exc) from None
 
     async def _post(self, client: Any, body: dict[str, Any]) -> Any:
         httpx = _httpx()
-        url = f"{self.url}/v1/chat/completions"
+        url = f"{self.url}{openai_api.ENDPOINTS[self.endpoint]}"
         for attempt in range(self.retries + 1):
             try:
                 resp = await client.post(url, json=body, headers=self._headers())
@@ -320,17 +371,18 @@ class OpenAIBackend(Backend):
                 await asyncio.sleep(_retry_after(resp.headers, attempt))
                 continue
             if resp.status_code >= 400:
-                raise self._engine_error(resp, "POST /v1/chat/completions")
+                raise self._engine_error(resp, f"POST {openai_api.ENDPOINTS[self.endpoint]}")
             return resp
         raise AssertionError("unreachable")
 
     def _answer(self, resp: Any) -> str:
         try:
-            return str(resp.json()["choices"][0]["message"]["content"] or "")
+            return openai_api.answer_text(self.endpoint, resp.json())
         except (ValueError, KeyError, IndexError, TypeError):
+            field = "choices[0].message.content" if self.endpoint == "chat" else "choices[0].text"
             raise BackendError(
-                f"model {self.name!r}: the engine at {self.url} sent a chat completion without "
-                f"choices[0].message.content: {resp.text[:300]!r}; fix: check that it speaks the OpenAI API"
+                f"model {self.name!r}: the engine at {self.url} sent a completion without "
+                f"{field}: {resp.text[:300]!r}; fix: check that it speaks the OpenAI API"
             ) from None
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:

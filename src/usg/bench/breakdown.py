@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ class ModelBreakdown:
     batch_sizes: Counter[int] = field(default_factory=Counter)
     requests: int = 0  # requests of the run (to give items per request)
     request_items: int | None = None  # items of exactly those requests (None: use items)
+    batch_cap: int | None = None  # the batch cap at the end of the run (the controller's, else max_size)
+    controller: str = ""  # what the batch controller did in the run ("" when unknown or not batching)
 
     @property
     def mean_batch(self) -> float:
@@ -72,6 +75,8 @@ class ModelBreakdown:
             "compute_ms_mean": num(self.compute_ms_mean),
             "padding_waste": round(self.padding_waste, 4),
             "items_per_request": num(self.items_per_request),
+            "batch_cap": self.batch_cap,
+            "controller": self.controller,
         }
 
 
@@ -86,8 +91,10 @@ class BreakdownObserver(Observer):
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
         """Learn which models batch (here or on a remote deployment), from the executor's runners."""
         self.batched = {name for name, runner in runners.items() if runner.batches}
+        self._runners = dict(runners)
 
     def reset(self) -> None:
+        self._since = time.monotonic()  # the controller's clock: its decisions since the reset
         self.models: dict[str, ModelBreakdown] = {}
         self.requests = 0
         self.request_items: Counter[str] = Counter()  # model items of the requests finished since reset
@@ -135,7 +142,22 @@ class BreakdownObserver(Observer):
         for name, m in self.models.items():
             m.requests = self.requests
             m.request_items = self.request_items.get(name, 0)
+            runner = getattr(self, "_runners", {}).get(name)
+            if runner is not None and hasattr(runner, "batch_cap"):
+                ctl = getattr(runner, "controller", None)
+                m.batch_cap = int(ctl.settled_cap if ctl is not None else runner.batch_cap)  # not a probe's
+                m.controller = controller_summary(ctl, self._since)
         return [self.models[k] for k in sorted(self.models)]
+
+
+def controller_summary(controller: Any, since: float) -> str:
+    """One line on a batch controller: its settled cap, and its moves and probes since ``since``."""
+    if controller is None:
+        return "off (declared values)"
+    recent = [d for d in controller.decisions if d.time >= since]
+    probes = sum(1 for d in recent if d.reason.startswith("probe "))
+    moves = sum(1 for d in recent if not d.reason.startswith(("probe", "start")))
+    return f"on: settled cap {controller.settled_cap}, {moves} move(s), {probes} probe(s) in the run"
 
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
@@ -208,5 +230,7 @@ def breakdown_from_metrics(before: str, after: str, requests: int) -> list[Model
                 m.batch_sizes[int(le)] += n
         if not m.batch_sizes and m.calls:
             m.batch_sizes[1] = m.calls
+        cap = b.get(("usg_batch_cap", (("model", name),)))
+        m.batch_cap = None if cap is None else round(cap)
         models.append(m)
     return models

@@ -1,4 +1,5 @@
-"""Are two systems' outputs the same? OCR text must be equal, embeddings within a cosine tolerance.
+"""Are two systems' outputs the same? OCR text must be equal, embeddings within a cosine tolerance,
+scores inside structured outputs (the example's ``relevance``) within an absolute tolerance.
 
 Every benchmark target returns its outputs as a dict of output name → value; ``normalize``
 turns OCR ``lines`` (dicts with ``text``) into the list of texts, so USG, the baselines and a
@@ -16,6 +17,7 @@ import numpy as np
 __all__ = ["COSINE_TOL", "Equivalence", "check_equivalence", "compare_outputs", "normalize"]
 
 COSINE_TOL = 1e-4
+SCORE_TOL = 1e-3  # scores computed from embeddings (a cosine rounded to 4 decimals) inside dict/list outputs
 
 
 def normalize(outputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,9 +94,20 @@ def compare_outputs(
             cos = _cosine(a, b)
             if 1.0 - cos > tol:
                 problems.append(f"{prefix}output {name!r}: cosine {cos:.6f} to the reference (tolerance {tol:g})")
-        elif a != b:
+        elif not _close(a, b):
             problems.append(f"{prefix}output {name!r}: {_short(b)} != reference {_short(a)}")
     return problems
+
+
+def _close(a: Any, b: Any, tol: float = SCORE_TOL) -> bool:
+    """Equal, except that floats (such as relevance scores inside a dict) may differ by ``tol``."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= tol
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def check_equivalence(

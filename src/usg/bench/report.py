@@ -160,8 +160,10 @@ def render_report(report: BenchReport, console: Any) -> None:
             "queue ms/item",
             "compute ms/call",
             "padding waste",
+            "batch cap",
+            "controller",
         ):
-            t.add_column(col, justify="left" if col in ("model", "batch sizes") else "right")
+            t.add_column(col, justify="left" if col in ("model", "batch sizes", "controller") else "right")
         for m in models:
             sizes = " ".join(f"{k}:{v}" for k, v in sorted(m.batch_sizes.items())[:8])
             t.add_row(
@@ -173,6 +175,8 @@ def render_report(report: BenchReport, console: Any) -> None:
                 _fmt(m.queue_ms_mean, ".2f"),
                 _fmt(m.compute_ms_mean, ".2f"),
                 f"{m.padding_waste:.1%}",
+                "" if m.batch_cap is None else str(m.batch_cap),
+                m.controller,
             )
         console.print(t)
     if report.equivalence:

@@ -7,7 +7,8 @@ A node's key is a full 256-bit SHA-256 (never truncated) over
   function's qualified name and its package's version (or the module file's digest when it
   belongs to no installed distribution) and the node's options;
 * for each input port, in port order: a graph input's digest as received plus its decode
-  options (modality and declared spec), or the upstream node's key and port.
+  options (modality, declared spec, and the limits it is decoded under: pixels, aspect ratio,
+  formats), or the upstream node's key and port.
 
 An upstream key stands for the upstream value (a Merkle DAG over the graph): every node is a
 deterministic function of its inputs, so equal keys mean equal values, and a hit needs no
@@ -154,9 +155,18 @@ def node_identity(graph: Graph, node: NodeDef, model_digests: Mapping[str, str])
     return canonical_digest(json.dumps(parts, sort_keys=True, default=str))
 
 
-def _decode_options(graph: Graph, d: InputDef) -> str:
+def _decode_options(graph: Graph, name: str, d: InputDef) -> str:
+    """Everything that decides what decoding an input yields, or whether it is refused: bytes
+    that decoded once under these options decode again (so a hit may skip the decode)."""
     spec = d.spec.describe() if d.spec is not None else "-"
-    limit = graph.limits.max_image_pixels if d.modality is Modality.IMAGE else graph.limits.max_text_chars
+    limits = graph.limits
+    if d.modality is Modality.IMAGE:
+        formats = limits.image_formats
+        if isinstance(formats, Mapping):
+            formats = formats.get(name)
+        limit = f"{limits.max_image_pixels}|{limits.max_aspect_ratio!r}|{','.join(formats or ('default',))}"
+    else:
+        limit = str(limits.max_text_chars)
     audio = f"|{d.audio.sample_rate}|{d.audio.channels}" if d.audio is not None else ""  # what decoding yields
     return f"{d.modality.value}|{spec}|{limit}{audio}"
 
@@ -177,7 +187,7 @@ def node_keys(
                 src = "absent"
             elif ref.is_graph_input:
                 d = graph.inputs[ref.port]
-                src = f"in:{ref.port}:{input_digests[ref.port]}:{_decode_options(graph, d)}"
+                src = f"in:{ref.port}:{input_digests[ref.port]}:{_decode_options(graph, ref.port, d)}"
             else:
                 src = f"node:{keys[ref.source]}:{ref.port}"
             h.update(f"{port}={src}\0".encode())

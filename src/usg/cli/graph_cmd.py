@@ -104,7 +104,7 @@ def _print_tables(g: Graph) -> None:
     tree = Tree("[bold]nodes[/] (topological order)")
     for name in g.order:
         n = g.nodes[name]
-        what = f"model {n.model}" if n.model else f"fn {n.fn}"
+        what = f"model {n.model}" if n.model else (n.align.describe() if n.align is not None else f"fn {n.fn}")
         branch = tree.add(
             f"{escape(name)}  [dim]{escape(what)}{escape('  map ' + ','.join(n.map) if n.map else '')}[/]"
         )

@@ -63,7 +63,7 @@ def _node_lines(g: Graph, name: str) -> list[str]:
         m = g.models[n.model]
         lines = [name, f"model {n.model} ({m.backend})", _batch_label(g, n.model)]
     else:
-        lines = [name, f"fn {n.fn}"]
+        lines = [name, n.align.describe() if n.align is not None else f"fn {n.fn}"]
     if n.map:
         lines.append(f"map over {', '.join(n.map)}")
     return lines

@@ -75,9 +75,17 @@ def index() -> None:
     default=None,
     help="Width of the learned head (default: 128 when there are ≥ 1024 lines, else the encoder's width).",
 )
+@click.option(
+    "--refine/--no-refine",
+    default=True,
+    help="Keep residual codes of what the head leaves out and re-rank with them (default: on; "
+    "--no-refine makes a smaller index with lower recall).",
+)
 @click.option("--collection", default=None, help="Collection (shard) name (default: the folder's name).")
 @click.option("--force", is_flag=True, help="Replace an existing index at --output.")
-def build(folder: str, output: str, graph: str | None, dim: int | None, collection: str | None, force: bool) -> None:
+def build(
+    folder: str, output: str, graph: str | None, dim: int | None, refine: bool, collection: str | None, force: bool
+) -> None:
     """Build an index of the images and .txt files in DIR."""
     from usg.index.build import build_index, scan_inputs
 
@@ -101,6 +109,7 @@ def build(folder: str, output: str, graph: str | None, dim: int | None, collecti
             out,
             collection=name,
             dim=dim,
+            refine=refine,
             progress=_advance(bar),
             note=lambda m: err_console.print(f"[yellow]note:[/] {m}"),
         )
@@ -111,6 +120,7 @@ def build(folder: str, output: str, graph: str | None, dim: int | None, collecti
         f"indexed {len(files)} document(s), {n} lines into {out} (collection {name!r}) in {secs:.1f} s "
         f"({n / max(secs, 1e-9):.0f} lines/s); head {head['kind']} {head['in_dim']}→{head['out_dim']}"
         + (f" keeps {head['explained']:.1%} of the energy" if head["kind"] == "pca" else "")
+        + (f", re-ranked by {head['residual']['bytes_per_vector']} B of residual code" if head.get("residual") else "")
         + (f"; skipped {len(skipped)} other file(s)" if skipped else "")
     )
 

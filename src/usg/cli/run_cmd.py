@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,16 @@ from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_for_cli, 
 from usg.errors import InputError, UsageError
 from usg.graph import Graph
 from usg.runtime import Executor, InferResult
+from usg.runtime.events import ExecutionEvent, NodeFinished, TokenDelta
+from usg.runtime.inputs import ITEM_KEYS
 from usg.specs import Modality
 
 __all__ = ["parse_inputs", "run"]
 
 
 def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``image=PATH``, ``audio=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``.
+    """``image=PATH``, ``audio=PATH``, ``text=STRING`` (``text=@FILE`` reads a file), ``tensor=FILE.npy``;
+    a timestamped input takes ``PATH@MS,PATH@MS,...`` (capture times in ms).
 
     Command-line mistakes (no input, an unknown or repeated name, a file that does not
     exist) raise :class:`UsageError` (exit code 2); a file that exists but is not what the
@@ -45,6 +50,9 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
                 f"--input {name}=... is given more than once; one request takes one value per input; "
                 f"fix: pass {name} once (run `usg run` again, or `usg bench --inputs FOLDER` for many)"
             )
+        if d.timestamped:
+            out[name] = _stamped_files(name, d.modality, value)
+            continue
         if d.modality is not Modality.TEXT and not Path(value).exists():
             raise UsageError(f"--input {name}={value}: file {value!r} does not exist; fix: pass an existing file")
         if d.modality is Modality.TEXT:
@@ -72,8 +80,67 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _render(result: InferResult) -> None:
+def _stamped_files(name: str, modality: Modality, value: str) -> list[dict[str, Any]]:
+    """``PATH@MS,PATH@MS,...`` → timestamped items ``{image|audio|...: bytes, ts_ms: MS}`` (files read here)."""
+    key = ITEM_KEYS[modality]
+    items = []
+    for part in value.split(","):
+        path, sep, ms = part.strip().rpartition("@")
+        try:
+            ts = float(ms)
+        except ValueError:
+            ts = float("nan")
+        if not sep or not path or ts != ts:
+            raise UsageError(
+                f"--input {name}={value}: {part!r} is not PATH@MS; "
+                f"fix: write --input {name}=slide1.png@0,slide2.png@5000 (capture times in ms)"
+            )
+        if not Path(path).is_file():
+            raise UsageError(f"--input {name}=...: file {path!r} does not exist; fix: pass an existing file")
+        items.append(
+            {
+                key: Path(path).read_bytes() if modality is not Modality.TEXT else Path(path).read_text("utf-8"),
+                "ts_ms": ts,
+            }
+        )
+    return items
+
+
+class _TokenPrinter:
+    """``usg run --stream``: token deltas written as they arrive (to stdout, or to stderr when
+    stdout carries the one JSON object), each LLM node under its own header; nodes to stderr."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.out = sys.stderr if as_json else sys.stdout
+        self.as_json = as_json
+        self.node: str | None = None
+        self.streamed: set[str] = set()
+
+    def __call__(self, event: ExecutionEvent) -> None:
+        if isinstance(event, TokenDelta):
+            if event.node != self.node:
+                self.end_line()
+                self.out.write(f"[{event.node}] ")
+                self.node = event.node
+                self.streamed.add(event.node)
+            self.out.write(event.text)
+            self.out.flush()
+        elif isinstance(event, NodeFinished) and not self.as_json:
+            if event.node == self.node:
+                self.end_line()
+            err_console.print(f"[dim]{escape(event.node)} finished in {event.ms:.1f} ms[/]")
+
+    def end_line(self) -> None:
+        if self.node is not None:
+            self.out.write("\n")
+            self.out.flush()
+            self.node = None
+
+
+def _render(result: InferResult, streamed: Collection[str] = ()) -> None:
     for name, value in result.outputs.items():
+        if name in streamed:
+            continue  # its text was printed as it arrived
         if name == "lines" and isinstance(value, list):
             table = Table(title=escape(f"{name} ({len(value)})"), show_lines=False)
             table.add_column("#", justify="right")
@@ -96,12 +163,36 @@ def _render(result: InferResult) -> None:
                 f"[bold]{escape(name)}[/]: {value.dtype}{escape(str(list(value.shape)))}  "
                 f"{escape(f'[{head}, …]')}  ‖row0‖={norm:.4f}"
             )
+        elif isinstance(value, dict) and "best_line" in value:
+            out_console.print(_relevance_line(name, value))
         else:
             out_console.print(f"[bold]{escape(name)}[/]: {escape(repr(value))}")
     if result.pruned_nodes:
         out_console.print(f"[dim]pruned: {escape(', '.join(result.pruned_nodes))}[/]")
     timings = ", ".join(f"{k} {v:.1f}" for k, v in result.node_ms.items())
-    out_console.print(f"[dim]node ms (wall time per node, queueing and batching included): {escape(timings)}[/]")
+    out_console.print(f"[dim]node ms¹: {escape(timings)}[/]")
+    out_console.print(f"[dim]{NODE_MS_NOTE}[/]")
+
+
+NODE_MS_NOTE = (
+    "¹ node_ms: each node's wall time in milliseconds, from the moment its inputs were ready to its "
+    "outputs, including the wait in its model's queue and batch window (a map node: all its items). "
+    "Nodes on parallel branches overlap, so the times do not add up to the request's; nodes answered "
+    "from the node cache are not listed; the first request of a process is slower (first calls of "
+    "each model)."
+)
+
+
+def _relevance_line(name: str, value: dict[str, Any]) -> str:
+    """``relevance`` of the document example: query↔document cosine and the best-matching line."""
+    best = value.get("best_line")
+    text = f"[bold]{escape(name)}[/]: query↔document cosine {value.get('document')}"
+    if isinstance(best, dict):
+        text += f"; best line #{best.get('index')} {escape(repr(best.get('text')))} (cosine {best.get('score')})"
+    scores = value.get("lines")
+    if isinstance(scores, list):
+        text += f"; per line {escape(str(scores))}"
+    return text
 
 
 @click.command("run")
@@ -112,7 +203,8 @@ def _render(result: InferResult) -> None:
     "inputs",
     multiple=True,
     metavar="NAME=VALUE",
-    help="A graph input: image=PATH, audio=PATH, text=STRING or text=@FILE, tensor=FILE.npy. Repeatable.",
+    help="A graph input: image=PATH, audio=PATH, text=STRING or text=@FILE, tensor=FILE.npy; "
+    "a timestamped input: frames=a.png@0,b.png@5000 (ms). Repeatable.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option(
@@ -124,19 +216,32 @@ def _render(result: InferResult) -> None:
 )
 @click.option("--no-batching", is_flag=True, help="One backend call per item (ignore batch policies).")
 @click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
-def run(graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool, fp32: bool) -> None:
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Print LLM tokens as they arrive (to stderr with --json, whose stdout stays one JSON object).",
+)
+def run(
+    graph_path: str, inputs: tuple[str, ...], as_json: bool, timeout: float, no_batching: bool, fp32: bool, stream: bool
+) -> None:
     """Push inputs through a graph and print its outputs."""
     graph = load_graph_for_cli(graph_path, quantized=not fp32)
     values = parse_inputs(graph, inputs)
     executor = Executor(graph, batching=not no_batching, timeout_s=timeout)
+    printer = _TokenPrinter(as_json)
     try:
         if not as_json:
             with err_console.status("loading models"):
                 executor.start_sync()
-        result = executor.infer_sync(values)
+        if stream:
+            result = executor.stream_sync(values, printer)
+            printer.end_line()
+        else:
+            result = executor.infer_sync(values)
     finally:
         executor.close()
     if as_json:
         click.echo(json.dumps(result.to_json_dict(), ensure_ascii=False))
     else:
-        _render(result)
+        streamed = {o for o, ref in graph.outputs.items() if not ref.is_graph_input and ref.source in printer.streamed}
+        _render(result, streamed)

@@ -141,6 +141,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@click.option(
+    "--stream-limit",
+    "stream_limits",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A limit of each WS /v1/stream session (repeatable): max_chunk_bytes, max_chunks_per_s, burst, "
+    "idle_timeout_s, max_pending_chunks, max_pending_events, slow_reader_s, max_sessions (docs/streaming.md).",
+)
 @click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`); embedded engine.")
 def serve(
     graph_path: str,
@@ -165,6 +173,7 @@ def serve(
     reference: str | None = None,
     trace_file: str | None = None,
     fp32: bool = False,
+    stream_limits: tuple[str, ...] = (),
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if grpc_port is not None and engine == "ray":
@@ -178,8 +187,6 @@ def serve(
             raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
         if fp32:
             raise UsageError("--fp32 applies to the embedded engine only; fix: move GRAPH.quant.yaml away for Ray")
-        if no_cache:
-            raise UsageError("--no-cache applies to the embedded engine only; fix: drop it with --engine ray")
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -196,7 +203,16 @@ def serve(
         from usg.cli.serve_ray import serve_on_ray
 
         serve_on_ray(
-            graph_path, host, port, max_inflight, max_body_mb or 32.0, timeout, ray_address, otel, deploy_timeout
+            graph_path,
+            host,
+            port,
+            max_inflight,
+            max_body_mb or 32.0,
+            timeout,
+            ray_address,
+            otel,
+            deploy_timeout,
+            no_cache=no_cache,
         )
         return
     if ray_address:
@@ -212,6 +228,7 @@ def serve(
     from usg.monitor.addon import serve_addons
     from usg.serve import ServeConfig, create_app, make_tracer_provider
     from usg.serve.server import UsgServer, check_port, uvicorn_config
+    from usg.stream import SessionLimits
 
     check_port(host, port)  # before loading models: a busy port fails at once
     if grpc_port is not None:
@@ -232,6 +249,7 @@ def serve(
         header_timeout_s=header_timeout,
         keepalive_timeout_s=keepalive_timeout,
         api_key=api_key,
+        stream=SessionLimits.from_pairs(stream_limits),
     )
     addons = serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching)
     app = create_app(

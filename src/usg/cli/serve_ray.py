@@ -23,10 +23,14 @@ def serve_on_ray(
     ray_address: str | None,
     otel: str | None = None,
     deploy_timeout: float = 300.0,
+    *,
+    no_cache: bool = False,
 ) -> None:
-    from usg.scale.ray_app import connect_ray, deploy_graph
+    from usg.scale.ray_app import connect_ray, deploy_graph, shutdown_ray
 
     graph = load_graph_for_cli(graph_path)
+    if no_cache:
+        graph = graph.without_cache()
     if otel:  # fail here, not in the router replica, when the exporter is not installed
         from usg.serve import make_tracer_provider
 
@@ -83,7 +87,7 @@ def serve_on_ray(
             err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:
             if not joined:
-                serve.shutdown()  # our private Ray's Serve
+                shutdown_ray()  # our private Ray: the application drains, then Ray stops
             elif deployed:  # (a failed deploy removed its application itself)
                 serve.delete(graph.name)  # leave the shared cluster's other applications alone
         except Exception as exc:  # do not hide the error that brought us here

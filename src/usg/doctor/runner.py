@@ -46,6 +46,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "usg.doctor.triton.ensemble",
     "usg.doctor.graph.checks",
     "usg.doctor.graph.pad_safety",
+    "usg.doctor.graph.llm_budget",
     "usg.doctor.hf.coupling",
 )
 

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.align import ALIGN_FN, parse_align
 from usg.graph.cache import parse_cache, resolve_node_cache
 from usg.graph.deploy import parse_deploy
 from usg.graph.limits import parse_limits
 from usg.graph.model import BatchPolicy, Graph, InputDef, ModelDef, NodeDef, Ref
+from usg.graph.state import StateSpec
 from usg.graph.validate import validate_graph
 from usg.specs import AudioSpec, Modality, TensorSpec
 
@@ -57,13 +59,15 @@ class GraphBuilder:
         spec: TensorSpec | None = None,
         optional: bool = False,
         audio: AudioSpec | None = None,
+        timestamped: bool = False,
+        max_items: int = 256,
     ) -> GraphBuilder:
         mod = Modality(modality)
         if spec is None and mod is Modality.IMAGE:
             spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
         if audio is None and mod is Modality.AUDIO:
             audio = AudioSpec()
-        self._inputs[name] = InputDef(name, mod, spec, optional, audio)
+        self._inputs[name] = InputDef(name, mod, spec, optional, audio, timestamped, max_items)
         return self
 
     def model(
@@ -75,6 +79,7 @@ class GraphBuilder:
         options: Mapping[str, Any] | None = None,
         batch: BatchPolicy | None = None,
         input_specs: Mapping[str, TensorSpec] | None = None,
+        state: StateSpec | None = None,
     ) -> GraphBuilder:
         resolved: Path | None = None
         if path is not None:
@@ -82,7 +87,7 @@ class GraphBuilder:
 
             resolved = resolve_path(str(path), self.base_dir)
         self._models[name] = ModelDef(
-            name, backend, resolved, dict(options or {}), batch or BatchPolicy(), dict(input_specs or {})
+            name, backend, resolved, dict(options or {}), batch or BatchPolicy(), dict(input_specs or {}), state=state
         )
         return self
 
@@ -116,6 +121,16 @@ class GraphBuilder:
         self._nodes[name] = NodeDef(name, refs, model, fn, ports, dict(options or {}))
         if cache is not None:
             self._node_cache[name] = cache
+        return self
+
+    def align(self, name: str, *, streams: Mapping[str, str], **settings: Any) -> GraphBuilder:
+        """An ``align:`` node (:mod:`usg.graph.align`): ``streams`` maps stream names to references;
+        ``settings``: ``tolerance_ms``, ``max_wait_ms``, ``on_missing``, ``time_keys``."""
+        spec, raw, problems = parse_align(f"nodes.{name}.align", {"streams": dict(streams), **settings})
+        self._problems.extend(problems)
+        refs = {s: self._ref(f"nodes.{name}.align.streams.{s}", r) for s, r in raw.items()}
+        options = spec.options() if spec is not None else {}
+        self._nodes[name] = NodeDef(name, refs, fn=ALIGN_FN, options=options, align=spec)
         return self
 
     def output(self, name: str, ref: str) -> GraphBuilder:

@@ -8,7 +8,7 @@ the in-process executor ignores it. In YAML::
       models:
         det: {min_replicas: 1, max_replicas: 4, target_ongoing_requests: 4, num_cpus: 1}
         rec: {num_replicas: 2}
-        tokenizer: {own_deployment: false}            # a cheap model loaded in the router
+        tokenizer: {own_deployment: true}             # a tokenizer in its own deployment (default: router)
       nodes:
         lines: {own_deployment: true}                 # a Python node in its own deployment
 

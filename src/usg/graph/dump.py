@@ -102,6 +102,8 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
             entry["optional"] = True
         if d.audio is not None:
             entry.update(sample_rate=d.audio.sample_rate, channels=d.audio.channels, max_seconds=d.audio.max_seconds)
+        if d.timestamped:
+            entry.update(timestamped=True, max_items=d.max_items)
         inputs[name] = entry
     models = {
         name: _model(m, paths.get(name) or (str(m.path) if m.path is not None else None))
@@ -110,6 +112,11 @@ def graph_to_mapping(graph: Graph, *, model_paths: Mapping[str, str] | None = No
     nodes: dict[str, Any] = {}
     for name in graph.nodes:  # declaration order: the loader derives the same topological order
         n = graph.nodes[name]
+        if n.align is not None:
+            nodes[name] = {"align": n.align.to_mapping(n.inputs)}
+            if n.cache is not None:
+                nodes[name]["cache"] = _cache(n.cache, graph_level=False)
+            continue
         node: dict[str, Any] = {"model": n.model} if n.model is not None else {"fn": n.fn}
         node["inputs"] = {p: str(r) for p, r in n.inputs.items()}
         if n.map:

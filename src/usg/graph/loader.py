@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,18 +11,21 @@ from typing import Any
 import yaml
 
 from usg.errors import GraphError, GraphProblem
+from usg.graph.align import ALIGN_FN, parse_align
 from usg.graph.cache import CacheSpec, parse_cache, resolve_node_cache
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
+from usg.graph.state import parse_state
 from usg.paths import PathResolutionError, resolve_path
 from usg.specs import AudioSpec, Modality, TensorSpec
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
 _TOP_KEYS = {"name", "inputs", "models", "nodes", "outputs", "limits", "deploy", "description", "monitor", "cache"}
-_INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description"}
+_TOP_KEYS.add("options")  # graph options: defaults of every fn node's options (parse_graph)
+_INPUT_KEYS = {"modality", "dtype", "shape", "range", "layout", "optional", "description", "timestamped", "max_items"}
 _AUDIO_KEYS = {"sample_rate", "channels", "max_seconds"}
-_MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description"}
+_MODEL_KEYS = {"backend", "path", "options", "batch", "inputs", "export", "description", "state"}
 _BATCH_KEYS = {
     "max_size",
     "max_delay_ms",
@@ -35,7 +39,8 @@ _BATCH_KEYS = {
     "target_p95_ms",
 }
 _PAD_KEYS = {"axes", "multiple", "buckets", "value", "trim"}
-_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache", "optional"}
+_NODE_KEYS = {"model", "fn", "inputs", "map", "options", "description", "cache", "optional", "align"}
+_ALIGN_NODE_KEYS = {"align", "description", "cache"}
 
 
 class _Collector:
@@ -212,10 +217,10 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
             "use sizes between 1 and max_size",
         )
         preferred = []
-    adaptive = data.get("adaptive", False)
-    if not isinstance(adaptive, bool):
+    adaptive = data.get("adaptive")
+    if adaptive is not None and not isinstance(adaptive, bool):
         c.add(f"{where}.adaptive", f"adaptive is {adaptive!r}", "write adaptive: true or adaptive: false")
-        adaptive = False
+        adaptive = None
     target = num("target_p95_ms", None, float)
     if target is not None and target <= 0:
         c.add(f"{where}.target_p95_ms", f"target_p95_ms is {target!r}", "use a positive number of milliseconds")
@@ -277,7 +282,15 @@ def _inputs(c: _Collector, data: Any) -> dict[str, InputDef]:
         if spec is None and modality is Modality.IMAGE:
             spec = TensorSpec("uint8", ("H", "W", 3), layout="HWC")
         audio = _audio(c, where, idata) if modality is Modality.AUDIO else None
-        inputs[str(iname)] = InputDef(str(iname), modality, spec, bool(idata.get("optional", False)), audio)
+        stamped, max_items = idata.get("timestamped", False), idata.get("max_items", 256)
+        if not isinstance(stamped, bool):
+            c.add(f"{where}.timestamped", f"timestamped is {stamped!r}", "write timestamped: true or false")
+            stamped = False
+        if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+            c.add(f"{where}.max_items", f"max_items is {max_items!r}", "write a positive integer, e.g. 256")
+            max_items = 256
+        optional = bool(idata.get("optional", False))
+        inputs[str(iname)] = InputDef(str(iname), modality, spec, optional, audio, stamped, max_items)
     return inputs
 
 
@@ -312,6 +325,8 @@ def _model(c: _Collector, mname: str, mdata: Any, base_dir: Path | None) -> Mode
         if s is not None:
             in_specs[str(pname)] = s
     export = mdata.get("export")
+    state, state_problems = parse_state(f"{where}.state", mdata.get("state"))
+    c.problems.extend(state_problems)
     return ModelDef(
         name=mname,
         backend=str(mdata.get("backend", "onnxruntime")),
@@ -320,12 +335,32 @@ def _model(c: _Collector, mname: str, mdata: Any, base_dir: Path | None) -> Mode
         batch=_batch(c, f"{where}.batch", mdata.get("batch")),
         input_specs=in_specs,
         export=dict(export) if isinstance(export, dict) else None,
+        state=state,
     )
+
+
+def _align_node(c: _Collector, nname: str, ndata: dict[str, Any], cache: CacheSpec | None) -> NodeDef:
+    where = f"nodes.{nname}"
+    c.unknown_keys(where, ndata, _ALIGN_NODE_KEYS)
+    spec, raw_refs, problems = parse_align(f"{where}.align", ndata["align"])
+    c.problems.extend(problems)
+    refs: dict[str, Ref] = {}
+    for port, raw in raw_refs.items():
+        try:
+            refs[port] = Ref.parse(raw)
+        except ValueError as exc:
+            c.add(f"{where}.align.streams.{port}", str(exc), "write inputs.NAME or NODE.PORT")
+    node_cache, cache_problems = resolve_node_cache(nname, ndata.get("cache"), cache)
+    c.problems.extend(cache_problems)
+    options = spec.options() if spec is not None else {}
+    return NodeDef(name=nname, inputs=refs, fn=ALIGN_FN, options=options, cache=node_cache, align=spec)
 
 
 def _node(c: _Collector, nname: str, ndata: Any, cache: CacheSpec | None = None) -> NodeDef:
     where = f"nodes.{nname}"
     ndata = _mapping(c, where, ndata, "write NAME: {model: MODEL | fn: module:function, inputs: {PORT: REF}}")
+    if "align" in ndata:
+        return _align_node(c, nname, ndata, cache)
     c.unknown_keys(where, ndata, _NODE_KEYS)
     refs: dict[str, Ref] = {}
     for port, raw in _mapping(
@@ -396,6 +431,12 @@ def parse_graph(data: Mapping[str, Any], base_dir: Path | None, source: str | No
     parsed.cache, cache_problems = parse_cache(data.get("cache"))
     c.problems.extend(cache_problems)
     parsed.nodes = {str(n): _node(c, str(n), d, parsed.cache) for n, d in nodes.items()}
+    shared = _mapping(c, "options", data.get("options"), "write options: {KEY: VALUE} (e.g. vlm: true)")
+    if shared:  # graph options: defaults of every fn node's options (a node's own value wins)
+        parsed.nodes = {
+            n: dataclasses.replace(d, options={**shared, **d.options}) if d.fn is not None else d
+            for n, d in parsed.nodes.items()
+        }
     parsed.outputs = _outputs(c, data.get("outputs"))
     parsed.limits, limit_problems = parse_limits(data.get("limits"))
     parsed.problems = c.problems + limit_problems

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from usg.graph.align import AlignSpec
 from usg.graph.cache import CacheSpec
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
+from usg.graph.state import StateSpec
 from usg.specs import AudioSpec, Modality, TensorSpec
 
 __all__ = [
@@ -75,6 +77,10 @@ class InputDef:
     spec: TensorSpec | None = None
     optional: bool = False
     audio: AudioSpec | None = None  # modality audio: rate, channels, length limit (defaults when None)
+    # a list of items with capture times, [{VALUE, ts_ms}, ...] (e.g. frames for an align node),
+    # at most max_items of them; nodes get [{"image"|"audio"|"text"|"value": ..., "ts_ms": float}, ...]
+    timestamped: bool = False
+    max_items: int = 256
 
 
 @dataclass(frozen=True)
@@ -107,9 +113,11 @@ class BatchPolicy:
     # with padding: stop growing a batch when more than this fraction of its padded elements
     # would be padding (on CPU, compute follows padded tokens; tight batches beat big ones)
     max_pad_waste: float = 0.35
-    # opt-in dynamic batch controller (usg.runtime.controller): cap and wait adapt to measured
-    # per-item cost, bounded by max_size / max_delay_ms; p95 (queue + call) kept under target_p95_ms
-    adaptive: bool = False
+    # dynamic batch controller (usg.runtime.controller): cap and wait adapt to measured per-item
+    # cost, bounded by max_size / max_delay_ms; p95 (queue + call) kept under target_p95_ms.
+    # None (not written): on when the model's calls report their CPU time (single-threaded CPU
+    # ONNX Runtime sessions) or target_p95_ms is declared; true / false force it
+    adaptive: bool | None = None
     target_p95_ms: float | None = None
 
     @property
@@ -130,6 +138,8 @@ class ModelDef:
     input_specs: dict[str, TensorSpec] = field(default_factory=dict)
     # how to produce the file when it is missing (e.g. {"exporter": "hf-text-encoder", ...})
     export: dict[str, Any] | None = None
+    # a stateful model: state inputs fed back from outputs, per stream (usg.graph.state)
+    state: StateSpec | None = None
 
     @property
     def concurrency(self) -> int:
@@ -158,9 +168,13 @@ class NodeDef:
     # input ports that may be absent (their graph input not sent, their source pruned or empty):
     # the node runs without them (fn nodes only; the function's default applies)
     optional: tuple[str, ...] = ()
+    # an ``align:`` node (a timestamp-aligned join; its fn is usg.runtime.align_node:align_streams)
+    align: AlignSpec | None = None
 
     @property
     def kind(self) -> str:
+        if self.align is not None:
+            return "align"
         return "model" if self.model is not None else "fn"
 
 

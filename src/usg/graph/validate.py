@@ -20,6 +20,7 @@ from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
 from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref, model_output, wireable_outputs
 from usg.graph.options import model_option_problems
+from usg.graph.state import state_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
 from usg.specs import TensorSpec, merge_declared
 
@@ -151,6 +152,9 @@ class _Validator:
                     "re-export the model; `usg doctor FILE` says what is wrong with it",
                 )
                 self.model_io[m.name] = None
+            io = self.model_io[m.name]
+            if m.state is not None and io is not None:
+                self.problems += state_problems(f"{where}.state", m.state, io[0], io[1])
 
     def _node_kinds(self) -> None:
         for n in self.nodes.values():
@@ -178,7 +182,9 @@ class _Validator:
             io = self.model_io.get(n.model)
             if io is None:
                 return None
-            return wireable_outputs(io[1])
+            model = self.models.get(n.model)
+            hidden = model.state.outputs if model is not None and model.state is not None else set()
+            return wireable_outputs([o for o in io[1] if o not in hidden])
         sig = self.fn_sigs.get(node)
         return None if sig is None or not sig.outputs else list(sig.outputs)
 
@@ -210,8 +216,18 @@ class _Validator:
             if n.model is None or self.model_io.get(n.model) is None:
                 continue
             ins = self.model_io[n.model][0]  # type: ignore[index]
+            state = self.models[n.model].state
+            if state is not None:
+                for port in n.inputs:
+                    if port in state.pairs:
+                        self.add(
+                            f"nodes.{n.name}.inputs.{port}",
+                            f"input {port!r} is the state of model {n.model!r}; the executor feeds it per stream",
+                            f"remove {port} from nodes.{n.name}.inputs",
+                        )
+                ins = {k: v for k, v in ins.items() if k not in state.pairs}
             for port in n.inputs:
-                if port not in ins:
+                if port not in ins and (state is None or port not in state.pairs):
                     self.add(
                         f"nodes.{n.name}.inputs.{port}",
                         f"model {n.model!r} has no input {port!r}",

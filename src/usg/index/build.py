@@ -174,8 +174,13 @@ class DocumentReader:
 def _add(index: DocumentIndex, collection: str, doc: ReadDocument, head: Head) -> None:
     shard = index.shard(collection, create=True)
     page = head.apply(doc.page) if doc.page is not None else None
-    vectors = head.apply(doc.embeddings) if len(doc.texts) else np.zeros((0, head.out_dim), np.float32)
-    shard.add_document(doc.input.doc_id, doc.input.sha256, doc.input.kind, doc.texts, doc.boxes, vectors, page)
+    page_codes = head.codes(doc.page) if doc.page is not None else None
+    emb = doc.embeddings if len(doc.texts) else np.zeros((0, head.in_dim), np.float32)
+    vectors = head.apply(emb) if len(emb) else np.zeros((0, head.out_dim), np.float32)
+    codes = head.codes(emb) if len(emb) else np.zeros((0, head.code_bytes), np.uint8)
+    shard.add_document(
+        doc.input.doc_id, doc.input.sha256, doc.input.kind, doc.texts, doc.boxes, vectors, page, codes, page_codes
+    )
 
 
 def build_index(
@@ -185,11 +190,12 @@ def build_index(
     *,
     collection: str,
     dim: int | None = None,
+    refine: bool = True,
     progress: Progress | None = None,
     note: Callable[[str], None] | None = None,
 ) -> DocumentIndex:
     """Read ``files``, learn the head from all their lines (``dim`` None: 128 when there are enough
-    lines, else no head), and write a new index at ``out``."""
+    lines, else no head; ``refine``: with residual codes for re-ranking), and write a new index at ``out``."""
     check_collection_name(collection)
     reader = DocumentReader(graph)
     try:
@@ -210,7 +216,7 @@ def build_index(
                 f"{len(stacked)} lines are too few to learn a {AUTO_DIM}-d head (auto needs "
                 f"{AUTO_DIM * MIN_LINES_PER_DIM}); the index keeps the encoder's {enc_dim}-d vectors"
             )
-    head = fit_head(stacked, dim)
+    head = fit_head(stacked, dim, refine=refine)
     enc_path = reader.chain.encoder_path(graph)
     index = DocumentIndex.create(
         out,

@@ -45,11 +45,12 @@ class DocumentRecord:
 class Shard:
     """A collection's documents and vectors; ``save`` writes its folder atomically per file."""
 
-    def __init__(self, name: str, dim: int) -> None:
+    def __init__(self, name: str, dim: int, code_bytes: int = 0) -> None:
         self.name = name
         self.dim = dim
-        self.lines = VectorSet(dim)
-        self.pages = VectorSet(dim)
+        self.code_bytes = code_bytes
+        self.lines = VectorSet(dim, code_bytes)
+        self.pages = VectorSet(dim, code_bytes)
         self.documents: dict[str, DocumentRecord] = {}
         self.entries: dict[int, tuple[str, str, list[list[float]] | None]] = {}  # key -> (doc, text, box)
         self.next_key = 0
@@ -67,8 +68,11 @@ class Shard:
         boxes: Sequence[list[list[float]] | None],
         line_vectors: np.ndarray[Any, Any],
         page_vector: np.ndarray[Any, Any] | None,
+        line_codes: np.ndarray[Any, Any] | None = None,
+        page_codes: np.ndarray[Any, Any] | None = None,
     ) -> DocumentRecord:
-        """Add (or replace) a document: its lines with their projected vectors, and its page vector."""
+        """Add (or replace) a document: its lines with their projected vectors (and residual codes, when
+        the shard keeps them), and its page vector."""
         if len(texts) != len(boxes) or len(texts) != len(line_vectors):
             raise InputError(
                 f"document {doc_id!r}: {len(texts)} lines, {len(boxes)} boxes, {len(line_vectors)} vectors",
@@ -79,14 +83,14 @@ class Shard:
             self.remove_document(doc_id)
         keys = list(range(self.next_key, self.next_key + len(texts)))
         self.next_key += len(texts)
-        self.lines.add(np.asarray(keys, dtype=np.int64), line_vectors)
+        self.lines.add(np.asarray(keys, dtype=np.int64), line_vectors, line_codes)
         for key, text, box in zip(keys, texts, boxes, strict=True):
             self.entries[key] = (doc_id, text, box)
         rec = DocumentRecord(doc_id, sha256, kind, keys)
         if page_vector is not None:
             rec.page_key = self.next_key
             self.next_key += 1
-            self.pages.add(np.asarray([rec.page_key], dtype=np.int64), page_vector)
+            self.pages.add(np.asarray([rec.page_key], dtype=np.int64), page_vector, page_codes)
         self.documents[doc_id] = rec
         self._page_owner = None
         return rec
@@ -125,7 +129,7 @@ class Shard:
         os.replace(tmp, folder / "meta.json")
 
     @classmethod
-    def load(cls, folder: Path, dim: int) -> Shard:
+    def load(cls, folder: Path, dim: int, code_bytes: int = 0) -> Shard:
         meta_path = folder / "meta.json"
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -135,7 +139,7 @@ class Shard:
                 field=str(meta_path),
                 fix=f"the shard is damaged; remove the collection (rm -r {folder}) and add its documents again",
             ) from None
-        shard = cls(str(meta["name"]), dim)
+        shard = cls(str(meta["name"]), dim, code_bytes)
         shard.next_key = int(meta["next_key"])
         shard.documents = {d: DocumentRecord.from_json(d, r) for d, r in meta["documents"].items()}
         shard.entries = {int(k): (str(doc), str(text), box) for k, doc, text, box in meta["lines"]}
@@ -147,5 +151,5 @@ class Shard:
                     field=str(path),
                     fix=f"the shard is damaged; remove the collection (rm -r {folder}) and add its documents again",
                 )
-            setattr(shard, vs_name, VectorSet.load(path, dim))
+            setattr(shard, vs_name, VectorSet.load(path, dim, code_bytes))
         return shard

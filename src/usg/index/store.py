@@ -121,7 +121,7 @@ class DocumentIndex:
                 f"({manifest['head']['digest'][:12]}); fix: rebuild the index"
             )
         dim = int(manifest["dim"])
-        shards = {name: Shard.load(p / "shards" / name, dim) for name in manifest["collections"]}
+        shards = {name: Shard.load(p / "shards" / name, dim, head.code_bytes) for name in manifest["collections"]}
         return cls(p, manifest, head, shards)
 
     def save(self) -> None:
@@ -156,7 +156,7 @@ class DocumentIndex:
                     f"index {self.path} has no collection {collection!r}; "
                     f"fix: use one of {sorted(self.shards) or '(none yet)'}"
                 )
-            self.shards[check_collection_name(collection)] = Shard(collection, self.dim)
+            self.shards[check_collection_name(collection)] = Shard(collection, self.dim, self.head.code_bytes)
         return self.shards[collection]
 
     def drop_collection(self, collection: str) -> None:
@@ -206,10 +206,12 @@ class DocumentIndex:
         q = self.head.apply(embedding)
         if len(q) != 1:
             raise InputError(f"search takes one query embedding, got {len(q)}", field="embedding", fix="pass one")
+        residual = self.head.residual
+        refine = (residual, residual.project(np.atleast_2d(embedding))) if residual is not None else None
         hits: list[SearchHit] = []
         for name in names:
             shard = self.shards[name]
-            keys, scores = (shard.pages if pages else shard.lines).search(q, k)
+            keys, scores = (shard.pages if pages else shard.lines).search(q, k, refine)
             for key, score in zip(keys[0].tolist(), scores[0].tolist(), strict=True):
                 if key < 0:
                     continue

@@ -1,9 +1,10 @@
-"""Audio decoding with limits (soundfile + soxr, extra ``usg[audio]``), framing and log-mel features.
+"""Audio decoding with limits (soundfile, PyAV + soxr, extra ``usg[audio]``), framing and log-mel features.
 
-:func:`decode_audio` reads WAV / FLAC / OGG (whatever libsndfile decodes) from a path, bytes
-or an array, checks the length from the header before decoding, mixes or checks channels and
-resamples to the input's rate. :func:`log_mel` computes Whisper-style log-mel features
-(Hann window, power STFT, Slaney mel filters, log10, 8 dB dynamic range, ``(x + 4) / 4``).
+:func:`decode_audio` reads WAV / FLAC / OGG (libsndfile) or MP3 / AAC / M4A / WebM (FFmpeg through
+PyAV, :mod:`usg.ops.audio_av`) from a path, bytes or an array, checks the length from the header
+before decoding, mixes or checks channels and resamples to the input's rate. :func:`log_mel`
+computes Whisper-style log-mel features (Hann window, power STFT, Slaney mel filters, log10,
+8 dB dynamic range, ``(x + 4) / 4``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from usg.errors import InputError, MissingDependency, PayloadTooLarge
+from usg.ops.audio_av import AV_FORMATS, decode_av, sniff_container
 from usg.ops.signature import op
 from usg.specs import AudioSpec, TensorSpec
 
@@ -61,7 +63,7 @@ def decode_audio(value: Any, *, field: str = "audio", spec: AudioSpec | None = N
         raise InputError(
             f"{field}: got {type(value).__name__}",
             field=field,
-            fix="pass audio as a file path, encoded bytes (WAV/FLAC/OGG) or a float32 array of samples",
+            fix="pass audio as a file path, encoded bytes (WAV/FLAC/OGG/MP3/M4A/...) or a float32 array of samples",
         )
     if not data:
         raise InputError(f"{field}: {label} is empty (0 bytes)", field=field, fix="send the audio file's bytes")
@@ -70,8 +72,12 @@ def decode_audio(value: Any, *, field: str = "audio", spec: AudioSpec | None = N
 
 
 def _decode_bytes(data: bytes, field: str, label: str, spec: AudioSpec) -> tuple[np.ndarray, int]:
+    """WAV / FLAC / OGG / AIFF with libsndfile; MP3 / AAC / M4A / WebM ... with FFmpeg (:mod:`usg.ops.audio_av`)."""
+    kind = sniff_container(data)
+    if kind not in ("sndfile", "unknown"):
+        return decode_av(data, field, label, spec, kind)
     sf = _soundfile()
-    fix = "send a WAV, FLAC or OGG file (re-encode it, e.g. ffmpeg -i IN -ar 16000 OUT.wav)"
+    fix = f"send a WAV, FLAC, OGG, {AV_FORMATS} file (re-encode it, e.g. ffmpeg -i IN -ar 16000 OUT.wav)"
     try:
         info = sf.info(io.BytesIO(data))
     except Exception:  # libsndfile rejects anything it cannot parse; the input's fault
@@ -129,6 +135,12 @@ def _check_seconds(field: str, seconds: float, spec: AudioSpec) -> None:
 
 
 def _from_array(arr: np.ndarray, field: str, spec: AudioSpec, rate: int, label: str) -> np.ndarray:
+    if arr.ndim == 1 and arr.dtype == np.float32 and arr.shape[0] and spec.channels == 1 and rate == spec.sample_rate:
+        # mono float32 at the input's rate (a streaming chunk): only the checks, no copies
+        _check_seconds(field, arr.shape[0] / rate, spec)
+        if not np.isfinite(arr).all():
+            raise InputError(f"{field}: {label} has NaN or infinite samples", field=field, fix="send finite samples")
+        return np.ascontiguousarray(arr)
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.floating):

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "ImageLimits",
     "decode_image",
+    "probe_image",
     "to_nchw_float",
 ]
 
@@ -77,6 +78,29 @@ def decode_image(
         limits = ImageLimits(max_pixels=max_pixels or DEFAULT_MAX_IMAGE_PIXELS)
     if isinstance(value, np.ndarray):
         return _check_array(value, field, limits)
+    data, label = _image_bytes(value, field)
+    return _decode_bytes(data, field, label, limits)
+
+
+def probe_image(value: Any, *, field: str = "image", limits: ImageLimits | None = None) -> tuple[int, int]:
+    """(width, height) of an image input after every check :func:`decode_image` makes from the
+    header (type, emptiness, allowed format, pixels, aspect ratio), without decoding pixels.
+
+    The node cache answers a repeated image from its bytes' digest without decoding it: this
+    keeps every limit that the decode would enforce in front of that hit (the pixels of an
+    image that was decoded once under the same limits decode again)."""
+    limits = limits or ImageLimits()
+    if isinstance(value, np.ndarray):
+        arr = _check_array(value, field, limits)
+        return int(arr.shape[1]), int(arr.shape[0])
+    data, label = _image_bytes(value, field)
+    with _open(data, field, label, limits) as img:
+        w, h = img.size
+        limits.check_size(field, w, h)
+    return int(w), int(h)
+
+
+def _image_bytes(value: Any, field: str) -> tuple[bytes, str]:
     if isinstance(value, (str, Path)):
         path = Path(value)
         if not path.exists():
@@ -100,10 +124,11 @@ def decode_image(
         )
     if not data:
         raise InputError(f"{field}: {label} is empty (0 bytes)", field=field, fix="send the image's bytes")
-    return _decode_bytes(data, field, label, limits)
+    return data, label
 
 
-def _decode_bytes(data: bytes, field: str, label: str, limits: ImageLimits) -> np.ndarray:
+def _open(data: bytes, field: str, label: str, limits: ImageLimits) -> Any:
+    """The image opened lazily (its header read) with only the allowed formats' decoders."""
     from PIL import Image, UnidentifiedImageError
 
     allowed = limits.allowed()
@@ -113,7 +138,7 @@ def _decode_bytes(data: bytes, field: str, label: str, limits: ImageLimits) -> n
         fix="re-encode or re-upload the image",
     )
     try:
-        img = Image.open(io.BytesIO(data), formats=allowed)
+        return Image.open(io.BytesIO(data), formats=allowed)
     except UnidentifiedImageError:
         head = data[:8].hex()
         raise InputError(
@@ -130,7 +155,10 @@ def _decode_bytes(data: bytes, field: str, label: str, limits: ImageLimits) -> n
         ) from None
     except Exception:  # any decoder failure on untrusted bytes is the input's fault, not a server error
         raise corrupt from None
-    with img:
+
+
+def _decode_bytes(data: bytes, field: str, label: str, limits: ImageLimits) -> np.ndarray:
+    with _open(data, field, label, limits) as img:
         w, h = img.size
         limits.check_size(field, w, h)
         try:

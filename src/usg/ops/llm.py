@@ -1,5 +1,6 @@
 """Prompt building for LLM nodes without Python: :func:`chat` makes the messages a ``backend: openai``
-model takes from named graph values and a template in the node's options.
+model takes from named graph values and a template in the node's options; :func:`complete` makes
+the prompt string of a model with ``endpoint: completions``.
 
 Example node::
 
@@ -24,7 +25,7 @@ from usg.errors import InputError
 from usg.ops.signature import op
 from usg.specs import TensorSpec
 
-__all__ = ["chat", "image_data_url", "join_lines"]
+__all__ = ["chat", "complete", "image_data_url", "join_lines"]
 
 DEFAULT_LINES_HEADER = "Text read from the document, one line each:"
 
@@ -68,9 +69,15 @@ def _fill(template: str, values: Mapping[str, Any], where: str) -> str:
         ) from None
 
 
+def _text_only(inputs: Mapping[str, Any]) -> bool:
+    """A prompt without an image takes microseconds: built on the event loop, no thread hop."""
+    return inputs.get("image") is None
+
+
 @op(
     inputs={"image": TensorSpec("uint8", (None, None, 3), layout="HWC"), "lines": None},
     outputs={"messages": None},
+    inline=_text_only,
 )
 def chat(
     *,
@@ -80,6 +87,7 @@ def chat(
     max_lines: int = 200,
     image: np.ndarray | None = None,
     lines: Sequence[Any] | None = None,
+    vlm: bool = True,
     **values: Any,
 ) -> dict[str, Any]:
     """Chat messages: ``system`` text, then one user message from the ``user`` template.
@@ -87,20 +95,45 @@ def chat(
     Placeholders (``{question}``) are filled from the node's inputs by name. OCR ``lines``
     (at most ``max_lines``) go after ``lines_header`` ahead of the user text unless the
     template places them itself with ``{lines}``. An ``image`` is sent as a base64 PNG
-    ``image_url`` part (for a vision-language model).
+    ``image_url`` part ahead of the text (for a vision-language model) unless ``vlm`` is false
+    (set it in the graph's ``options:`` for every node, or in the node's): then only its OCR
+    lines reach the model.
     """
     fields = dict(values)
-    if lines is not None:
-        fields["lines"] = join_lines(lines, max_lines=max_lines)
-    text = _fill(user, fields, "user")
-    if lines is not None and "{lines}" not in user and fields["lines"]:
-        text = f"{lines_header}\n{fields['lines']}\n\n{text}"
+    text = _with_lines(user, fields, lines, lines_header, max_lines, "user")
     messages: list[dict[str, Any]] = []
     if system:
         messages.append({"role": "system", "content": _fill(system, fields, "system")})
-    if image is None:
+    if image is None or not vlm:
         messages.append({"role": "user", "content": text})
     else:
         parts = [{"type": "image_url", "image_url": {"url": image_data_url(image)}}, {"type": "text", "text": text}]
         messages.append({"role": "user", "content": parts})
     return {"messages": messages}
+
+
+def _with_lines(
+    template: str, fields: dict[str, Any], lines: Sequence[Any] | None, header: str, max_lines: int, where: str
+) -> str:
+    """``template`` filled from ``fields``; OCR ``lines`` ahead of it unless it places ``{lines}``."""
+    if lines is not None:
+        fields["lines"] = join_lines(lines, max_lines=max_lines)
+    text = _fill(template, fields, where)
+    if lines is not None and "{lines}" not in template and fields["lines"]:
+        text = f"{header}\n{fields['lines']}\n\n{text}"
+    return text
+
+
+@op(inputs={"lines": None}, outputs={"prompt": None})
+def complete(
+    *,
+    template: str = "{question}",
+    lines_header: str = DEFAULT_LINES_HEADER,
+    max_lines: int = 200,
+    lines: Sequence[Any] | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    """A completion prompt (``endpoint: completions``: sent as it is, no chat template): the
+    ``template`` filled from the node's inputs by name, with OCR ``lines`` ahead of it unless
+    it places them with ``{lines}``. Wire it as the model's ``messages``."""
+    return {"prompt": _with_lines(template, dict(values), lines, lines_header, max_lines, "template")}

@@ -18,6 +18,7 @@ import numpy as np
 
 from usg.errors import MissingDependency, PayloadTooLarge
 from usg.ops.signature import ListOf, op
+from usg.ops.wire import BestPath, best_path, derived
 from usg.specs import TensorSpec
 
 __all__ = [
@@ -141,14 +142,18 @@ def det_preprocess(
     ops.append(("padding", {"top": top, "left": 0}))
     pre, _ = _det_helpers(limit_side_len, 0.3, 0.5, 1.6)
     resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
+    meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
+    # between processes (the Ray engine) x travels as the uint8 image and is normalised on det's replica
+    return {"x": derived(_det_input, resized), "meta": meta}
+
+
+def _det_input(resized: np.ndarray) -> np.ndarray:
     # (x / 255 - 0.5) / 0.5 in float32 (RapidOCR computes it in float64 and casts: same values to ~1e-7,
     # at a third of the cost on a 1536x736 page)
     x = resized.astype(np.float32)
     x *= np.float32(2.0 / 255.0)
     x -= np.float32(1.0)
-    x = np.ascontiguousarray(x.transpose(2, 0, 1)[None])
-    meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
-    return {"x": x, "meta": meta}
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
 def _order_clockwise(pts: np.ndarray) -> np.ndarray:
@@ -228,7 +233,7 @@ def _resize_norm(img: np.ndarray, shape: tuple[int, int, int], width: int) -> np
 )
 def cls_preprocess(items: list[np.ndarray]) -> dict[str, Any]:
     """Each crop → the direction classifier's input (3×48×192, padded right)."""
-    return {"items": [_resize_norm(c, _CLS_SHAPE, _CLS_SHAPE[2]) for c in items]}
+    return {"items": [derived(_resize_norm, c, _CLS_SHAPE, _CLS_SHAPE[2]) for c in items]}
 
 
 def rec_widths(crops: list[np.ndarray], *, policy: str = "rapidocr", group: int = 6) -> list[int]:
@@ -274,7 +279,7 @@ def rec_preprocess(
             crop = cv2.rotate(crop, cv2.ROTATE_180)
         upright.append(crop)
     sizes = rec_widths(upright, policy=widths)
-    items = [_resize_norm(c, _REC_SHAPE, wd) for c, wd in zip(upright, sizes, strict=True)]
+    items = [derived(_resize_norm, c, _REC_SHAPE, wd) for c, wd in zip(upright, sizes, strict=True)]
     return {"items": items, "crops": upright}
 
 
@@ -309,9 +314,10 @@ def _map_back(box: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
 @op(
     inputs={"probs": ListOf(TensorSpec("float32", (1, None, None)))},
     outputs={"lines": ListOf(), "text": None},
+    reducers={"probs": "usg.ops.wire:best_path"},  # the Ray engine sends rec's best path, not T x 6625
 )
 def ctc_decode(
-    probs: list[np.ndarray],
+    probs: list[np.ndarray | BestPath],
     boxes: list[np.ndarray],
     meta: dict[str, Any],
     *,
@@ -328,9 +334,8 @@ def ctc_decode(
     vocab = _vocabulary(str(resolve_path(vocab_model, Path.cwd())))
     lines = []
     for p, box in zip(probs, boxes, strict=True):
-        p = np.asarray(p)[0]
-        idx = p.argmax(axis=1)
-        conf = p.max(axis=1)
+        best = p if isinstance(p, BestPath) else best_path(p)
+        idx, conf = best.indices, best.scores
         keep = np.ones(len(idx), dtype=bool)
         keep[1:] = idx[1:] != idx[:-1]
         keep &= idx != 0

@@ -25,22 +25,38 @@ PortSpec = TensorSpec | ListOf | None
 class OpSignature:
     inputs: dict[str, PortSpec] = field(default_factory=dict)
     outputs: dict[str, PortSpec] = field(default_factory=dict)
+    #: a cheap op (no I/O, tens of microseconds): True, or given a call's inputs whether that call
+    #: is cheap (e.g. building a text-only prompt); the executor then calls it on the event loop
+    inline: bool | Callable[[Mapping[str, Any]], bool] = False
+    # input port -> "module:function" the op reads each value of that port through (the op accepts
+    # either the value or the function's result): an engine may apply it where the value is made
+    reducers: dict[str, str] = field(default_factory=dict)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def op(
-    *, inputs: Mapping[str, PortSpec] | None = None, outputs: Mapping[str, PortSpec] | None = None
+    *,
+    inputs: Mapping[str, PortSpec] | None = None,
+    outputs: Mapping[str, PortSpec] | None = None,
+    inline: bool | Callable[[Mapping[str, Any]], bool] = False,
+    reducers: Mapping[str, str] | None = None,
 ) -> Callable[[F], F]:
     """Attach port contracts to a node function.
 
     The function is called with its input ports as keyword arguments (plus the node's
-    ``options``) and returns a dict with exactly the declared output ports.
+    ``options``) and returns a dict with exactly the declared output ports. ``inline``: the op is
+    cheap (no I/O, tens of microseconds, such as a streaming op run per audio chunk) — True, or a
+    function of the call's inputs deciding per call (e.g. a prompt without an image); the
+    executor then calls it on its event loop instead of handing it to a worker thread.
+    ``reducers`` names, per input port, a function the op reads each item of that port through
+    (see :mod:`usg.ops.wire`); the op must accept the item or the function's result.
     """
 
     def deco(func: F) -> F:
-        func.__usg_op__ = OpSignature(dict(inputs or {}), dict(outputs or {}))  # type: ignore[attr-defined]
+        sig = OpSignature(dict(inputs or {}), dict(outputs or {}), inline=inline, reducers=dict(reducers or {}))
+        func.__usg_op__ = sig  # type: ignore[attr-defined]
         return func
 
     return deco

@@ -8,7 +8,8 @@ Two families cover the supported VLMs:
   patches, with a 2×2 patch merger in front of the language model.
 
 Token counts follow the Hugging Face processors exactly (``smart_resize`` for
-Qwen2-VL, ``select_best_resolution`` / unpadding for LLaVA-NeXT).
+Qwen2-VL, ``select_best_resolution`` / unpadding for LLaVA-NeXT; the shared arithmetic is in
+:mod:`usg.vision_tokens`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from usg.errors import UsageError
 from usg.plan._fields import Fields
+from usg.vision_tokens import qwen2_vl_resize, select_best_resolution
 
 __all__ = ["VisionShape", "parse_vision"]
 
@@ -148,29 +150,12 @@ class VisionShape:
                 f"image {width}x{height} has an aspect ratio above 200, which Qwen2-VL rejects; "
                 "fix: crop or pad the image"
             )
-        h_bar = max(factor, round(height / factor) * factor)
-        w_bar = max(factor, round(width / factor) * factor)
-        if h_bar * w_bar > self.max_pixels:
-            beta = math.sqrt(height * width / self.max_pixels)
-            h_bar = max(factor, math.floor(height / beta / factor) * factor)
-            w_bar = max(factor, math.floor(width / beta / factor) * factor)
-        elif h_bar * w_bar < self.min_pixels:
-            beta = math.sqrt(self.min_pixels / (height * width))
-            h_bar = math.ceil(height * beta / factor) * factor
-            w_bar = math.ceil(width * beta / factor) * factor
+        h_bar, w_bar = qwen2_vl_resize(height, width, factor, self.min_pixels, self.max_pixels)
         return h_bar // self.patch_size, w_bar // self.patch_size
 
     def _best_resolution(self, height: int, width: int) -> tuple[int, int]:
         """``select_best_resolution`` from transformers' LLaVA-NeXT processing."""
-        best = self.grid_pinpoints[0]
-        best_effective, best_waste = 0, math.inf
-        for h, w in self.grid_pinpoints:
-            scale = min(w / width, h / height)
-            effective = min(int(width * scale) * int(height * scale), width * height)
-            waste = w * h - effective
-            if effective > best_effective or (effective == best_effective and waste < best_waste):
-                best, best_effective, best_waste = (h, w), effective, waste
-        return best
+        return select_best_resolution((height, width), self.grid_pinpoints)
 
     def _llava_next_tokens(self, height: int, width: int) -> int:
         side = self.image_size // self.patch_size

@@ -26,6 +26,7 @@ from typing import Any
 from usg.backends.base import Backend
 from usg.errors import BackendError, Overloaded, StateError, USGError
 from usg.graph.model import BatchPolicy, PadPolicy
+from usg.graph.state import StateSpec
 from usg.records import BatchEvent, ItemTiming
 from usg.runtime.controller import BatchController
 from usg.runtime.kernel import BatchKernel, Outcome
@@ -47,6 +48,15 @@ class _Pending:
     rows: int = 1
 
 
+def controlled(policy: BatchPolicy, backend: Backend) -> bool:
+    """Whether a batching model gets the controller: ``batch.adaptive`` when written, else on when
+    its calls report their CPU time (a cost other processes on the cores do not blur) or the
+    graph declares ``target_p95_ms``."""
+    if policy.adaptive is not None:
+        return policy.adaptive
+    return backend.cpu_in_caller or policy.target_p95_ms is not None
+
+
 class BatchingRunner:
     def __init__(
         self,
@@ -58,8 +68,10 @@ class BatchingRunner:
         concurrency: int = 1,
         listeners: Sequence[Callable[[BatchEvent], None]] | None = None,
         call_timeout_s: float | None = None,
+        state: StateSpec | None = None,
     ) -> None:
         self.model = model
+        self.state = state
         self.backend = backend
         self.pool = pool
         self.policy = policy
@@ -73,10 +85,18 @@ class BatchingRunner:
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
         self.kernel = BatchKernel(
-            model, backend, policy.pad, pool=pool, call_timeout_s=call_timeout_s, max_parallel_retries=policy.max_size
+            model,
+            backend,
+            policy.pad,
+            pool=pool,
+            call_timeout_s=call_timeout_s,
+            max_parallel_retries=policy.max_size,
+            state=state,
         )
         #: the dynamic batch controller (``batch.adaptive``); None: the declared values hold
-        self.controller: BatchController | None = BatchController(model, policy) if policy.adaptive else None
+        self.controller: BatchController | None = (
+            BatchController(model, policy) if controlled(policy, backend) else None
+        )
 
     batches = True  # calls are batched here (figures come from BatchEvents)
 
@@ -122,7 +142,13 @@ class BatchingRunner:
         return self.controller.wait_ms if self.controller is not None else self.policy.max_delay_ms
 
     # -- submission --------------------------------------------------------------------------
-    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+    async def submit(
+        self,
+        item: Mapping[str, Any],
+        timing: ItemTiming | None = None,
+        on_token: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """Queue one item for a batch (batched local models stream no tokens: ``on_token`` is unused)."""
         self._admit()
         pending = self._enqueue(item, timing)
         return await pending.future
@@ -160,7 +186,7 @@ class BatchingRunner:
             group_key(item, self.pad),
             item_length(item, self.pad),
             timing,
-            item_rows(item),
+            item_rows(item, self.state),
         )
         self._queue.append(pending)
         self._wake.set()

@@ -130,6 +130,7 @@ class BatchController:
         self._probe_gap = 1
         self._next_probe = 1  # window number of the next allowed probe
         self._settled_cost: float | None = None
+        self._item_elements: float | None = None  # mean input elements per item (EWMA)
         self._record("start: declared values")
 
     # -- what the batcher asks -----------------------------------------------------------
@@ -155,11 +156,32 @@ class BatchController:
         if not event.ok or event.items < 1:
             return
         b = self._bin_of(event.items)
-        self._bins[b].add(event.compute_ms / event.items, self.alpha, self._windows)
+        self._bins[b].add(self._unit_cost(event), self.alpha, self._windows)
         self._latencies.extend(q + event.compute_ms for q in event.queue_ms)
         self._events += 1
         if self._events >= self.window:
             self._decide()
+
+    def _unit_cost(self, event: BatchEvent) -> float:
+        """The call's cost per item (CPU ms when the backend reports it, else wall ms), per
+        input element when the items carry arrays, so calls of wide and narrow items compare."""
+        ms = event.cpu_ms if event.cpu_ms is not None else event.compute_ms
+        if event.real_elements <= 0:
+            return ms / event.items
+        per_item = event.real_elements / event.items
+        self._item_elements = per_item if self._item_elements is None else 0.9 * self._item_elements + 0.1 * per_item
+        return ms / event.real_elements
+
+    def cost_ms(self, cap: int) -> float | None:
+        """The measured cost per item (of the mean size seen) at ``cap``; None if not measured."""
+        if cap not in self.sizes or self._bins[self.sizes.index(cap)].cost is None:
+            return None
+        cost = self._bins[self.sizes.index(cap)].cost
+        assert cost is not None
+        return cost * (self._item_elements or 1.0)
+
+    def _ms(self, unit_cost: float) -> str:
+        return f"{unit_cost * (self._item_elements or 1.0):.3g} ms"
 
     # -- deciding --------------------------------------------------------------------------
     def _bin_of(self, n: int) -> int:
@@ -201,13 +223,14 @@ class BatchController:
         if self._settled_cost is not None and drift > max(self.hysteresis * self._settled_cost, noise):
             self._probe_gap, self._next_probe = 1, self._windows  # cost changed: look around now
             self._settled_cost = here
-        for j in (self._i - 1, self._i + 1):
-            if not 0 <= j <= self._ceiling or (j > self._i and depth < self.sizes[j]):
-                continue
-            there = self._known(j, max_age=1)  # compare only with what was measured just now
-            if there is not None and self._cheaper(j, self._i):
-                self._move(j, f"per-item {there:.3g} ms at {self.sizes[j]} < {here:.3g} ms at {self.cap}")
-                return
+        # every cap measured just now (calls smaller than the cap fill the smaller caps' bins for
+        # free): jump to the cheapest that beats this one, not one step at a time
+        fresh = {j: self._known(j, max_age=1) for j in range(self._ceiling + 1) if j != self._i}
+        better = [j for j, c in fresh.items() if c is not None and self._cheaper(j, self._i)]
+        if better:
+            j = min(better, key=lambda j: self._bins[j].cost or 0.0)
+            self._move(j, f"per-item {self._ms(fresh[j] or 0.0)} at {self.sizes[j]} < {self._ms(here)} at {self.cap}")
+            return
         if self._windows >= self._next_probe:
             self._probe(depth)
 
@@ -241,14 +264,16 @@ class BatchController:
             self._probe_gap = 1
             self._next_probe = self._windows + 1
             self._settled_cost = there
-            cost = "unmeasured (calls no longer fill it)" if back is None else f"{back:.3g} ms"
-            self._record(f"probe won: per-item {there:.3g} ms at {self.cap} < {cost} at {self.sizes[home]}")
+            cost = "unmeasured (calls no longer fill it)" if back is None else self._ms(back)
+            self._record(f"probe won: per-item {self._ms(there)} at {self.cap} < {cost} at {self.sizes[home]}")
             return
         self._i = home
         self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
         self._next_probe = self._windows + self._probe_gap
         self._settled_cost = back
-        self._record(f"probe lost: per-item {there:.3g} ms at {self.sizes[probed]} vs {back:.3g} ms at {self.cap}")
+        self._record(
+            f"probe lost: per-item {self._ms(there)} at {self.sizes[probed]} vs {self._ms(back)} at {self.cap}"
+        )
 
     def _move(self, j: int, reason: str) -> None:
         self._i = j

@@ -13,25 +13,39 @@ import asyncio
 import enum
 import itertools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from usg.backends import Backend
 from usg.cache import NodeCache, check_expected, digest_inputs
 from usg.cache.node_cache import CacheBegin
 from usg.callables import accepted_params, import_callable
-from usg.errors import BackendError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
+from usg.errors import BackendError, GraphError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
 from usg.graph.model import OUT_ALIAS, Graph, NodeDef, Ref, model_output, wireable_outputs
+from usg.graph.state import state_problems
+from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs, model_input_specs
-from usg.runtime.inputs import normalize_inputs
+from usg.runtime.events import (
+    EventSink,
+    ExecutionEvent,
+    Finished,
+    NodeFinished,
+    TokenCallback,
+    TokenDelta,
+    stream_events,
+)
+from usg.runtime.inputs import Undecoded, decode_pending, normalize_inputs
 from usg.runtime.loop_thread import LoopThread
 from usg.runtime.observer import Observer
 from usg.runtime.result import InferResult
 from usg.runtime.runner import DirectRunner, ModelRunner, backend_for, concurrency_for
+from usg.runtime.streams import StreamState
 from usg.specs import Modality, TensorSpec
 
 __all__ = ["Executor", "ExecutorState"]
@@ -53,10 +67,19 @@ class _Request:
 
     rid: str
     values: dict[str, Any]
+    stream: StreamState
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     node_ms: dict[str, float] = field(default_factory=dict)
     cache: CacheBegin | None = None
+    emit: EventSink | None = None  # a streaming caller's sink (see usg.runtime.events)
+
+    def token_callback(self, node: str) -> TokenCallback | None:
+        """What an LLM node calls with each token delta, when the caller streams."""
+        emit = self.emit
+        if emit is None:
+            return None
+        return lambda text: emit(TokenDelta(node, text))
 
     def node_args(self, node: NodeDef) -> dict[str, Any] | None:
         """The node's inputs by port, or None when one is absent (its branch is skipped)."""
@@ -175,6 +198,7 @@ class Executor:
                 f"fns= names {unknown}, which are not Python nodes of graph {graph.name!r}; fix: use {fn_nodes}"
             )
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
+        self._fn_inline: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}
         self._sync = LoopThread()
@@ -197,10 +221,12 @@ class Executor:
         await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
         if self.cache is not None:  # hashes model files once
             await loop.run_in_executor(self._pool, self.cache.prepare)
+        self._check_states()
         for name, model in self.graph.models.items():
             backend = self._backends[name]
             self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
-            self._out_names[name] = list(backend.output_specs)
+            hidden = model.state.outputs if model.state is not None else set()
+            self._out_names[name] = [o for o in backend.output_specs if o not in hidden]
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():
             await runner.start()
@@ -211,7 +237,22 @@ class Executor:
                 func = self._fn_overrides.get(node.name) or import_callable(node.fn)
                 self._fns[node.name] = func
                 self._fn_params[node.name] = accepted_params(func)
+                sig = signature_of(func)
+                if sig is not None and sig.inline and not node.map:
+                    decide = sig.inline
+                    self._fn_inline[node.name] = decide if callable(decide) else (lambda _args: True)
         self.state = ExecutorState.RUNNING
+
+    def _check_states(self) -> None:
+        """Stateful models' ``state:`` against the loaded backends' inputs and outputs."""
+        problems = []
+        for name, model in self.graph.models.items():
+            if model.state is not None:
+                backend = self._backends[name]
+                where = f"models.{name}.state"
+                problems += state_problems(where, model.state, backend.input_specs, backend.output_specs)
+        if problems:
+            raise GraphError(problems, source=str(self.graph.source) if self.graph.source else None)
 
     def _make_runner(self, name: str, backend: Backend) -> ModelRunner:
         model = self.graph.models[name]
@@ -230,6 +271,7 @@ class Executor:
                 concurrency=concurrency,
                 listeners=listeners,
                 call_timeout_s=model.call_timeout_s,
+                state=model.state,
             )
         return DirectRunner(name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s)
 
@@ -274,8 +316,37 @@ class Executor:
         for obs in self.observers:
             obs.cache_event(event)
 
+    def _is_flush(self, inputs: Mapping[str, Any]) -> bool:
+        """Inputs of a stream's flush run: only audio inputs, each an empty float32 array."""
+        return bool(inputs) and all(
+            isinstance(v, np.ndarray)
+            and v.size == 0
+            and v.dtype == np.float32
+            and self.graph.inputs.get(k) is not None
+            and self.graph.inputs[k].modality is Modality.AUDIO
+            for k, v in inputs.items()
+        )
+
     def _prepare_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-        return normalize_inputs(self.graph, inputs), digest_inputs(self.graph, inputs)
+        # with a node cache, images are checked from their header and decoded only if a node that
+        # runs needs them (a hit is answered from the bytes' digest); observers that read the
+        # decoded inputs (the monitor) get every image decoded
+        defer = self.cache is not None and not self._observers_read_values
+        return normalize_inputs(self.graph, inputs, defer_images=defer), digest_inputs(self.graph, inputs)
+
+    @property
+    def _observers_read_values(self) -> bool:
+        return any(type(obs).request_values is not Observer.request_values for obs in self.observers)
+
+    def _inputs_to_decode(self, state: _Request, active: list[str], skip: set[str]) -> list[str]:
+        pending = {n for n, v in state.values.items() if isinstance(v, Undecoded)}
+        if not pending:
+            return []
+        needed = {r.port for r in self.graph.outputs.values() if r.is_graph_input}
+        for name in active:
+            if name not in skip:
+                needed.update(r.port for r in self.graph.nodes[name].inputs.values() if r.is_graph_input)
+        return sorted(pending & needed)
 
     async def infer(
         self,
@@ -284,18 +355,27 @@ class Executor:
         timeout_s: float | None = None,
         request_id: str | None = None,
         expect_sha256: Mapping[str, str] | None = None,
+        events: EventSink | None = None,
+        stream: StreamState | None = None,
     ) -> InferResult:
         """Run one request. Absent optional inputs prune the nodes that need them.
 
         ``expect_sha256`` maps input names to the SHA-256 the client computed; a mismatch with
-        the input as received is an :class:`~usg.errors.InputError` naming both digests."""
+        the input as received is an :class:`~usg.errors.InputError` naming both digests.
+        ``events`` gets a :class:`~usg.runtime.events.NodeFinished` per node that ran and the
+        :class:`~usg.runtime.events.TokenDelta` s of LLM nodes as they arrive (:meth:`stream`).
+        ``stream``: the state of the stream this request is a chunk of (a session's; see
+        :mod:`usg.runtime.streams`); None: the request is a whole stream of its own."""
         if self.state is ExecutorState.NEW:
             await self.start()
         if self.state is not ExecutorState.RUNNING:
             raise StateError(f"executor is {self.state.value}; it accepts no new requests")
         rid = request_id or f"r{next(_ids)}"
-        if any(
-            isinstance(v, (bytes, bytearray, str, Path))
+        digests: dict[str, str]
+        if stream is not None and stream.flush and self._is_flush(inputs):
+            values, digests = dict(inputs), {}  # a session's flush run: audio inputs with no samples
+        elif any(
+            isinstance(v, (bytes, bytearray, str, Path, list))
             and self.graph.inputs.get(k) is not None
             and self.graph.inputs[k].modality in (Modality.IMAGE, Modality.AUDIO)
             for k, v in inputs.items()
@@ -303,6 +383,8 @@ class Executor:
             # decoding an image or audio file takes milliseconds: keep it off the event loop
             loop = asyncio.get_running_loop()
             values, digests = await loop.run_in_executor(self._pool, self._prepare_inputs, inputs)
+        elif stream is not None and stream.sequential and self.cache is None and expect_sha256 is None:
+            values, digests = normalize_inputs(self.graph, inputs), {}  # a chunk: no response carries digests
         else:
             values, digests = self._prepare_inputs(inputs)
         check_expected(digests, expect_sha256)
@@ -319,7 +401,7 @@ class Executor:
             deadline = self.timeout_s if timeout_s is None else timeout_s
             try:
                 async with asyncio.timeout(deadline):
-                    result = await self._run(rid, values, digests)
+                    result = await self._run(rid, values, digests, events, stream or StreamState())
             except TimeoutError:
                 status = "timeout"
                 raise RequestTimeout(
@@ -334,18 +416,51 @@ class Executor:
             for obs in self.observers:
                 obs.request_finished(rid, modalities, time.perf_counter() - t0, status, pruned)
 
-    async def _run(self, rid: str, values: dict[str, Any], digests: dict[str, str]) -> InferResult:
+    def stream(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        expect_sha256: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[ExecutionEvent, None]:
+        """Run one request, yielding each node that finished and LLM token deltas as they happen,
+        then :class:`~usg.runtime.events.Finished` with the result :meth:`infer` returns (its
+        errors are raised from the iterator). Closing the iterator early cancels the request,
+        and with it the engine requests of its LLM nodes."""
+        return stream_events(
+            lambda sink: self.infer(
+                inputs, timeout_s=timeout_s, request_id=request_id, expect_sha256=expect_sha256, events=sink
+            )
+        )
+
+    async def _run(
+        self,
+        rid: str,
+        values: dict[str, Any],
+        digests: dict[str, str],
+        events: EventSink | None = None,
+        stream: StreamState | None = None,
+    ) -> InferResult:
         active, pruned = self.plan(set(values))
-        state = _Request(rid, values)
+        state = _Request(rid, values, stream or StreamState(), emit=events)
         if self.cache is not None:  # hits fill outputs; nodes only they needed do not run
             state.cache = await self.cache.begin(active, digests)
             state.outputs.update(state.cache.hits)
         skip = state.cache.skip if state.cache is not None else set()
-        for name in active:
-            if name not in skip:
-                state.tasks[name] = asyncio.create_task(self._run_node(state, name), name=f"{rid}:{name}")
+        ran = [name for name in active if name not in skip]
         try:
-            await asyncio.gather(*state.tasks.values())
+            decode = self._inputs_to_decode(state, active, skip)
+            if decode:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._pool, decode_pending, self.graph, state.values, decode)
+            if state.stream.sequential:  # a session's chunk: its nodes one after the other, no task each
+                for name in ran:
+                    await self._run_node(state, name)
+            else:
+                for name in ran:
+                    state.tasks[name] = asyncio.create_task(self._run_node(state, name), name=f"{rid}:{name}")
+                await asyncio.gather(*state.tasks.values())
         finally:
             for t in state.tasks.values():
                 if not t.done():
@@ -356,7 +471,7 @@ class Executor:
                 self.cache.finish(state.cache)
         for obs in self.observers:
             obs.request_values(rid, state.values, state.outputs)
-        skipped = [n for n in state.tasks if state.outputs.get(n) is None]
+        skipped = [n for n in ran if state.outputs.get(n) is None]
         all_pruned = sorted(set(pruned) | set(skipped), key=self.graph.order.index)
         integrity = {n: f"sha256:{d}" for n, d in digests.items()}
         return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid, integrity)
@@ -379,26 +494,36 @@ class Executor:
         ok = False
         try:
             if node.model is not None:
-                state.outputs[name], items = await self._run_model_node(node, args, timing)
+                on_token = state.token_callback(name)
+                state.outputs[name], items = await self._run_model_node(node, args, timing, state.stream, on_token)
             else:
-                state.outputs[name], items = await self._run_fn_node(node, args)
+                state.outputs[name], items = await self._run_fn_node(node, args, state.stream)
             ok = True
             if self.cache is not None and state.cache is not None:
                 await self.cache.store(state.cache, name, state.outputs[name])
+        except USGError as exc:
+            if exc.node is None:  # the first node that failed names itself (HTTP bodies carry it)
+                exc.node = name
+            raise
         finally:
             end = time.perf_counter()
             state.node_ms[name] = (end - start) * 1e3
             if self.observers:
                 kind, model = node.kind, node.model
-                q, c = timing.queue_ms, timing.compute_ms
-                event = NodeEvent(state.rid, name, kind, model, start, end, q, c, items, ok)
+                q, c, calls = timing.queue_ms, timing.compute_ms, tuple(timing.engine_calls)
+                event = NodeEvent(state.rid, name, kind, model, start, end, q, c, items, ok, calls)
                 for obs in self.observers:
                     obs.node_finished(event)
+        if state.emit is not None:
+            state.emit(NodeFinished(name, state.node_ms[name]))
 
-    async def _run_fn_node(self, node: NodeDef, args: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    async def _run_fn_node(
+        self, node: NodeDef, args: dict[str, Any], stream: StreamState
+    ) -> tuple[dict[str, Any], int]:
         func = self._fns[node.name]
         names, var_kw = self._fn_params[node.name]
         opts = {k: v for k, v in node.options.items() if var_kw or k in names}
+        opts.update(stream.node_params(node.name, names))
         loop = asyncio.get_running_loop()
 
         def call(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -416,6 +541,9 @@ class Executor:
             return out
 
         if not node.map:
+            inline = self._fn_inline.get(node.name)
+            if inline is not None and inline(args):
+                return call(args), 1
             return await loop.run_in_executor(self._pool, call, args), 1
         per_item = self._split_map(node, args)
 
@@ -446,12 +574,20 @@ class Executor:
         return [{p: (args[p][i] if p in node.map else args[p]) for p in args} for i in range(n)]
 
     async def _run_model_node(
-        self, node: NodeDef, args: dict[str, Any], timing: ItemTiming
+        self,
+        node: NodeDef,
+        args: dict[str, Any],
+        timing: ItemTiming,
+        stream: StreamState,
+        on_token: TokenCallback | None = None,
     ) -> tuple[dict[str, Any], int]:
+        """Run a model node (``on_token``: the caller streams; a map node's items stream no tokens,
+        as their deltas would interleave)."""
         assert node.model is not None
         runner = self._runners[node.model]
         specs = self._in_specs[node.model]
         out_names = self._out_names[node.model]
+        stateful = self.graph.models[node.model].state is not None
 
         def prepare(item: dict[str, Any]) -> dict[str, Any]:
             item = {p: ([v] if isinstance(v, str) else v) for p, v in item.items()}
@@ -459,16 +595,38 @@ class Executor:
             return item
 
         if not node.map:
-            out = await runner.submit(prepare(args), timing)
+            if stateful:
+                out = await self._submit_stateful(node, prepare(args), stream, timing)
+            else:
+                out = await runner.submit(prepare(args), timing, on_token)
             return _aliased(out, out_names), 1
         items = [prepare(a) for a in self._split_map(node, args)]
         timings = [ItemTiming() for _ in items]
-        outs = await runner.submit_many(items, timings)
+        if stateful:  # one stream: its items run one after the other, each on the state the last left
+            outs = [await self._submit_stateful(node, it, stream, t) for it, t in zip(items, timings, strict=True)]
+        else:
+            outs = await runner.submit_many(items, timings)
         timing.queue_ms = sum(t.queue_ms for t in timings)
         timing.compute_ms = sum(t.compute_ms for t in timings)
+        timing.engine_calls.extend(c for t in timings for c in t.engine_calls)
         keys = wireable_outputs(out_names)
         gathered = {k: [o[model_output(k, out_names)] for o in outs] for k in keys}
         return gathered, len(items)
+
+    async def _submit_stateful(
+        self, node: NodeDef, item: dict[str, Any], stream: StreamState, timing: ItemTiming
+    ) -> dict[str, Any]:
+        """One item of a stateful model: the stream's state in, the next state stored back."""
+        assert node.model is not None
+        spec = self.graph.models[node.model].state
+        assert spec is not None
+        current = stream.models.get(node.name)
+        if current is None:
+            backend_specs = self._backends[node.model].input_specs
+            current = {src: spec.initial(backend_specs[src]) for src in spec.pairs}
+        out = await self._runners[node.model].submit({**item, **current}, timing)
+        stream.models[node.name] = {src: out.pop(dst) for src, dst in spec.pairs.items()}
+        return out
 
     # -- sync facade -------------------------------------------------------------------------
     def start_sync(self) -> None:
@@ -483,6 +641,25 @@ class Executor:
     ) -> InferResult:
         """Blocking :meth:`infer` for scripts and the CLI (runs an event loop in a background thread)."""
         return self._sync.run(self.infer(inputs, timeout_s=timeout_s, expect_sha256=expect_sha256))
+
+    def stream_sync(
+        self,
+        inputs: Mapping[str, Any],
+        on_event: Callable[[ExecutionEvent], None],
+        *,
+        timeout_s: float | None = None,
+    ) -> InferResult:
+        """Blocking :meth:`stream`: ``on_event`` gets each event (on the loop's thread) as it
+        happens; returns the result (``usg run --stream``)."""
+
+        async def consume() -> InferResult:
+            async for event in self.stream(inputs, timeout_s=timeout_s):
+                on_event(event)
+                if isinstance(event, Finished):
+                    return event.result
+            raise AssertionError("a stream ends with Finished or an error")
+
+        return self._sync.run(consume())
 
     def close(self) -> None:
         """Blocking :meth:`aclose`; also stops the background loop of the sync facade."""

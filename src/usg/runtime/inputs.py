@@ -9,7 +9,8 @@ carry their own ``sample_rate`` / ``channels`` / ``max_seconds`` (the length is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,11 @@ from usg.ops.image import (
     DEFAULT_MAX_IMAGE_PIXELS,
     ImageLimits,
     decode_image,
+    probe_image,
 )
 from usg.specs import Modality
 
-__all__ = ["DEFAULT_MAX_TEXT_CHARS", "graph_limit", "normalize_inputs"]
+__all__ = ["DEFAULT_MAX_TEXT_CHARS", "Undecoded", "decode_pending", "graph_limit", "image_limits", "normalize_inputs"]
 
 DEFAULT_MAX_TEXT_CHARS = 20_000  # tokenizing 20k CJK characters takes ~0.1-0.4 s on one core
 
@@ -39,7 +41,8 @@ def graph_limit(limits: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _image_limits(graph: Graph, name: str) -> ImageLimits:
+def image_limits(graph: Graph, name: str) -> ImageLimits:
+    """The limits an image input is decoded under (the graph's ``limits:``)."""
     formats: Any = graph_limit(graph.limits, "image_formats", None)
     if isinstance(formats, Mapping):
         formats = formats.get(name)
@@ -69,8 +72,27 @@ def _tensor(name: str, d: Any, value: Any) -> Any:
     return value
 
 
-def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate names and presence, decode images and audio, check tensor specs; absent inputs are left out."""
+@dataclass(frozen=True)
+class Undecoded:
+    """An image input whose header passed every limit, its pixels not decoded yet (a node-cache
+    hit may not need them); :func:`decode_pending` decodes it."""
+
+    value: Any
+
+
+def decode_pending(graph: Graph, values: dict[str, Any], names: Iterable[str]) -> None:
+    """Decode the :class:`Undecoded` inputs among ``names`` in place."""
+    for name in names:
+        pending = values.get(name)
+        if isinstance(pending, Undecoded):
+            values[name] = decode_image(pending.value, field=name, limits=image_limits(graph, name))
+
+
+def normalize_inputs(graph: Graph, raw: Mapping[str, Any], *, defer_images: bool = False) -> dict[str, Any]:
+    """Validate names and presence, decode images and audio, check tensor specs; absent inputs are left out.
+
+    ``defer_images``: encoded images (bytes, paths) are checked from their header only (format,
+    pixels, aspect ratio) and left :class:`Undecoded`."""
     unknown = sorted(set(raw) - set(graph.inputs))
     if unknown:
         raise InputError(
@@ -90,18 +112,56 @@ def normalize_inputs(graph: Graph, raw: Mapping[str, Any]) -> dict[str, Any]:
                     fix=f"pass {name}=... (declare optional: true in the graph to allow leaving it out)",
                 )
             continue
-        if d.modality is Modality.IMAGE:
-            values[name] = decode_image(value, field=name, limits=_image_limits(graph, name))
-        elif d.modality is Modality.TEXT:
-            values[name] = _text(name, value, max_chars)
-        elif d.modality is Modality.AUDIO:
-            values[name] = decode_audio(value, field=name, spec=d.audio)
+        if d.timestamped:
+            values[name] = _timestamped(graph, d, value, max_chars)
+        elif d.modality is Modality.IMAGE and defer_images and not isinstance(value, np.ndarray):
+            probe_image(value, field=name, limits=image_limits(graph, name))
+            values[name] = Undecoded(value)
         else:
-            values[name] = _tensor(name, d, value)
+            values[name] = _decode_one(graph, d, name, value, max_chars)
     if not values:
         present = ", ".join(f"{n} ({d.modality.value})" for n, d in graph.inputs.items())
         raise InputError("no inputs given", field=None, fix=f"pass at least one of: {present}")
     return values
+
+
+def _decode_one(graph: Graph, d: Any, name: str, value: Any, max_chars: int) -> Any:
+    if d.modality is Modality.IMAGE:
+        return decode_image(value, field=name, limits=image_limits(graph, name))
+    if d.modality is Modality.TEXT:
+        return _text(name, value, max_chars)
+    if d.modality is Modality.AUDIO:
+        return decode_audio(value, field=name, spec=d.audio)
+    return _tensor(name, d, value)
+
+
+#: the key of a timestamped item's value, by modality (``value`` is accepted for every modality)
+ITEM_KEYS = {Modality.IMAGE: "image", Modality.AUDIO: "audio", Modality.TEXT: "text", Modality.TENSOR: "value"}
+
+
+def _timestamped(graph: Graph, d: Any, value: Any, max_chars: int) -> list[dict[str, Any]]:
+    """``[{image|value: ..., ts_ms: N}, ...]`` → decoded items ``{image: ..., ts_ms: float}`` (count checked first)."""
+    key = ITEM_KEYS[d.modality]
+    fix = f'send a list of {{"{key}": ..., "ts_ms": MS}} items (ts_ms: capture time in milliseconds)'
+    if not isinstance(value, (list, tuple)):
+        raise InputError(
+            f"{d.name}: expected a list of timestamped items, got {type(value).__name__}", field=d.name, fix=fix
+        )
+    if len(value) > d.max_items:
+        raise PayloadTooLarge(
+            f"input {d.name!r} has {len(value)} items, above its limit of {d.max_items} (max_items)",
+            field=d.name,
+            fix=f"send at most {d.max_items} items, or raise max_items on the input in the graph",
+        )
+    out = []
+    for i, item in enumerate(value):
+        where = f"{d.name}[{i}]"
+        ts = item.get("ts_ms") if isinstance(item, Mapping) else None
+        raw = item.get(key, item.get("value")) if isinstance(item, Mapping) else None
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not np.isfinite(ts) or raw is None:
+            raise InputError(f"{where}: item is not {{{key!r}: ..., 'ts_ms': NUMBER}}", field=d.name, fix=fix)
+        out.append({key: _decode_one(graph, d, where, raw, max_chars), "ts_ms": float(ts)})
+    return out
 
 
 def _text(name: str, value: Any, limit: int) -> str:

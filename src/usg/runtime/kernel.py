@@ -37,10 +37,19 @@ from typing import Any
 from usg.backends.base import Backend
 from usg.errors import BackendError, USGError
 from usg.graph.model import PadPolicy
+from usg.graph.state import StateSpec
 from usg.records import BatchEvent, ItemTiming
 from usg.runtime.padding import assemble, group_key, item_length, item_rows, split_outputs
 
-__all__ = ["BatchKernel", "ItemsCall", "Outcome", "call_backend", "call_with_deadline", "run_items"]
+__all__ = [
+    "BatchKernel",
+    "ItemsCall",
+    "Outcome",
+    "call_backend",
+    "call_backend_cpu",
+    "call_with_deadline",
+    "run_items",
+]
 
 log = logging.getLogger("usg.runtime.kernel")
 
@@ -83,12 +92,24 @@ def timeout_error(model: str, timeout_s: float, items: int) -> BackendError:
     )
 
 
+def call_backend_cpu(backend: Backend, model: str, batch: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+    """:func:`call_backend`, also returning the CPU time (ms) of the calling thread during the call."""
+    t0 = time.thread_time()
+    out = call_backend(backend, model, batch)
+    return out, (time.thread_time() - t0) * 1e3
+
+
 async def call_with_deadline(
-    pool: PoolExecutor | None, backend: Backend, model: str, inputs: Mapping[str, Any], timeout_s: float | None
-) -> dict[str, Any]:
-    """Run one backend call on ``pool`` (None: the loop's default); past ``timeout_s`` raise."""
+    pool: PoolExecutor | None,
+    backend: Backend,
+    model: str,
+    inputs: Mapping[str, Any],
+    timeout_s: float | None,
+    call: Callable[[Backend, str, Mapping[str, Any]], Any] = call_backend,
+) -> Any:
+    """Run ``call`` (one backend call) on ``pool`` (None: the loop's default); past ``timeout_s`` raise."""
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(pool, call_backend, backend, model, inputs)
+    future = loop.run_in_executor(pool, call, backend, model, inputs)
     if timeout_s is None:
         return await future
     try:
@@ -110,10 +131,13 @@ class BatchKernel:
         pool: PoolExecutor | None = None,
         call_timeout_s: float | None = None,
         max_parallel_retries: int = 8,
+        state: StateSpec | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.pad = pad
+        #: a stateful model's state: stacked on its batch axis per call, split back per item
+        self.state = state
         self.pool = pool
         self.call_timeout_s = call_timeout_s
         self._retry_threads = max(1, min(_MAX_RETRY_THREADS, max_parallel_retries))
@@ -180,9 +204,11 @@ class BatchKernel:
         waits = tuple(waits_ms[i] + since for i in indices)
         real = padded = 0
         try:
-            inputs, real, padded = assemble(items, self.pad)
-            out = await call_with_deadline(pool, self.backend, self.model, inputs, self.call_timeout_s)
-            parts = split_outputs(out, items, self.pad, inputs)
+            inputs, real, padded = assemble(items, self.pad, self.state)
+            out, cpu_ms = await call_with_deadline(
+                pool, self.backend, self.model, inputs, self.call_timeout_s, call_backend_cpu
+            )
+            parts = split_outputs(out, items, self.pad, inputs, self.state)
         except Exception as exc:
             compute_ms = (time.perf_counter() - t0) * 1e3
             emit(self._event(items, real, padded, waits, compute_ms, ok=False), indices)
@@ -192,7 +218,8 @@ class BatchKernel:
                 return None
             return error
         compute_ms = (time.perf_counter() - t0) * 1e3
-        emit(self._event(items, real, padded, waits, compute_ms, ok=True), indices)
+        cpu = cpu_ms if self.backend.cpu_in_caller else None
+        emit(self._event(items, real, padded, waits, compute_ms, ok=True, cpu_ms=cpu), indices)
         for i, wait, part in zip(indices, waits, parts, strict=True):
             deliver(i, part, ItemTiming(wait, compute_ms, len(items)))
         return None
@@ -206,9 +233,10 @@ class BatchKernel:
         compute_ms: float,
         *,
         ok: bool,
+        cpu_ms: float | None = None,
     ) -> BatchEvent:
-        rows = sum(item_rows(it) for it in items)
-        return BatchEvent(self.model, len(items), rows, real, padded, waits, compute_ms, ok)
+        rows = sum(item_rows(it, self.state) for it in items)
+        return BatchEvent(self.model, len(items), rows, real, padded, waits, compute_ms, ok, cpu_ms)
 
 
 def group_indices(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> list[list[int]]:

@@ -3,6 +3,11 @@
 An item maps port → array with a leading batch axis (often 1 row), or port → list of
 strings. Without a pad policy only items whose arrays have identical shapes (past axis 0)
 and dtypes share a batch. With one, the declared axes may differ and are padded.
+
+A 0-d array (silero-vad's ``sr``) is one value for the whole call: only items with equal values
+share a batch, and the call gets it once. A stateful model's state inputs (:class:`StateSpec`)
+are stacked on their declared batch axis (silero's ``[2, batch, 128]``: axis 1), and its state
+outputs split back on it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from usg.graph.model import PadPolicy
+from usg.graph.state import StateSpec
 
 __all__ = ["assemble", "group_key", "item_length", "item_rows", "next_size", "padded_elements", "split_outputs"]
 
@@ -41,7 +47,9 @@ def group_key(item: Mapping[str, Any], pad: PadPolicy | None) -> tuple[Any, ...]
     key: list[Any] = []
     for port in sorted(item):
         v = item[port]
-        if isinstance(v, np.ndarray):
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            key.append((port, v.dtype.str, v.item()))
+        elif isinstance(v, np.ndarray):
             axes = _axes(pad, port)
             dims = tuple(-1 if (a in axes) else d for a, d in enumerate(v.shape) if a > 0)
             key.append((port, v.dtype.str, v.ndim, dims))
@@ -82,7 +90,9 @@ def padded_elements(items: Sequence[Mapping[str, Any]], pad: PadPolicy) -> int:
     return 0
 
 
-def assemble(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> tuple[dict[str, Any], int, int]:
+def assemble(
+    items: Sequence[Mapping[str, Any]], pad: PadPolicy | None, state: StateSpec | None = None
+) -> tuple[dict[str, Any], int, int]:
     """Concatenate items into one batch; returns (inputs, real elements, padded elements)."""
     out: dict[str, Any] = {}
     real = padded = 0
@@ -93,6 +103,12 @@ def assemble(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> tuple
             for v in values:
                 merged.extend(v)
             out[port] = merged
+            continue
+        if values[0].ndim == 0:  # one value per call (group_key keeps unequal ones apart)
+            out[port] = values[0]
+            continue
+        if state is not None and port in state.pairs:
+            out[port] = values[0] if len(values) == 1 else np.concatenate(values, axis=state.batch_axis)
             continue
         axes = _axes(pad, port)
         if not axes or (len(values) == 1 and pad is None):
@@ -116,9 +132,12 @@ def assemble(items: Sequence[Mapping[str, Any]], pad: PadPolicy | None) -> tuple
     return out, real, padded
 
 
-def item_rows(item: Mapping[str, Any]) -> int:
-    """How many batch rows an item carries (axis 0 of its first array, or its list length)."""
-    for v in item.values():
+def item_rows(item: Mapping[str, Any], state: StateSpec | None = None) -> int:
+    """How many batch rows an item carries (axis 0 of its first array, or its list length;
+    state inputs and 0-d arrays do not count)."""
+    for port, v in item.items():
+        if state is not None and port in state.pairs:
+            continue
         if isinstance(v, np.ndarray) and v.ndim:
             return int(v.shape[0])
         if isinstance(v, list):
@@ -131,13 +150,18 @@ def split_outputs(
     items: Sequence[Mapping[str, Any]],
     pad: PadPolicy | None,
     inputs: Mapping[str, Any],
+    state: StateSpec | None = None,
 ) -> list[dict[str, Any]]:
-    """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says)."""
-    rows = [item_rows(it) for it in items]
+    """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says;
+    state outputs on the state's batch axis)."""
+    rows = [item_rows(it, state) for it in items]
     total = sum(rows)
     parts: list[dict[str, Any]] = [{} for _ in items]
     for name, value in outputs.items():
         arr = np.asarray(value)
+        if state is not None and name in state.outputs:
+            _split_state(name, arr, rows, state.batch_axis, parts)
+            continue
         if arr.ndim == 0 or arr.shape[0] != total:
             raise ValueError(
                 f"batched output {name!r} has {arr.shape[0] if arr.ndim else 0} rows for a batch of {total}; "
@@ -157,3 +181,19 @@ def split_outputs(
             parts[i][name] = piece
             r += n
     return parts
+
+
+def _split_state(name: str, arr: np.ndarray, rows: list[int], axis: int, parts: list[dict[str, Any]]) -> None:
+    total = sum(rows)
+    if arr.ndim <= axis or arr.shape[axis] != total:
+        got = arr.shape[axis] if arr.ndim > axis else None
+        raise ValueError(
+            f"state output {name!r} {list(arr.shape)} has {got} rows on batch_axis {axis} for a batch of {total}; "
+            "the model must keep the batch on the declared state batch_axis"
+        )
+    r = 0
+    for part, n in zip(parts, rows, strict=True):
+        index = [slice(None)] * arr.ndim
+        index[axis] = slice(r, r + n)
+        part[name] = np.ascontiguousarray(arr[tuple(index)])
+        r += n

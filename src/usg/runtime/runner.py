@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor as PoolExecutor
 from typing import Any, Protocol
 
@@ -43,7 +43,14 @@ class ModelRunner(Protocol):
 
     async def start(self) -> None: ...
 
-    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]: ...
+    async def submit(
+        self,
+        item: Mapping[str, Any],
+        timing: ItemTiming | None = None,
+        on_token: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run one item; ``on_token`` gets the text a generation engine streams for it (if any)."""
+        ...
 
     async def submit_many(
         self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
@@ -85,13 +92,25 @@ class DirectRunner:
     async def start(self) -> None:
         return None
 
-    async def submit(self, item: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+    async def submit(
+        self,
+        item: Mapping[str, Any],
+        timing: ItemTiming | None = None,
+        on_token: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
         t0 = time.perf_counter()
         if self.backend.remote:
-            if timing is None:
-                return await self.backend.ainfer(item)
             far = ItemTiming(compute_ms=-1.0)
-            out = await self.backend.ainfer(item, far)
+            try:
+                if on_token is not None:
+                    out = await self.backend.astream(item, on_token, far)
+                else:
+                    out = await self.backend.ainfer(item, far)
+            finally:
+                if timing is not None:  # a failed engine call is still reported
+                    timing.engine_calls.extend(far.engine_calls)
+            if timing is None:
+                return out
             round_trip = (time.perf_counter() - t0) * 1e3
             if far.compute_ms < 0:  # the backend does not say: the round trip counts as compute
                 timing.compute_ms = round_trip
@@ -114,6 +133,16 @@ class DirectRunner:
     async def submit_many(
         self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
     ) -> list[dict[str, Any]]:
+        many = getattr(self.backend, "ainfer_many", None) if self.backend.remote else None
+        if many is not None and len(items) > 1:  # a remote deployment takes the fan-out in one hop
+            t0 = time.perf_counter()
+            outs: list[dict[str, Any]] = await many(items, timings)
+            round_trip = (time.perf_counter() - t0) * 1e3
+            for t in timings:
+                if t is not None:
+                    t.compute_ms = min(t.compute_ms, round_trip)
+                    t.queue_ms = round_trip - t.compute_ms
+            return outs
         return list(await asyncio.gather(*(self.submit(it, t) for it, t in zip(items, timings, strict=True))))
 
     async def stop(self) -> None:

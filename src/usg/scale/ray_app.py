@@ -10,18 +10,23 @@ same image).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import socket
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from usg.errors import MissingDependency, StateError, UsageError
 from usg.graph.model import Graph
 from usg.scale.ray_options import deployment_plan
+from usg.scale.transport import grpc_env, output_reducers
 from usg.serve.app import ServeConfig
 
-__all__ = ["build_ray_app", "connect_ray", "deploy_graph"]
+__all__ = ["build_ray_app", "connect_ray", "deploy_graph", "shutdown_ray"]
 
 
 _MIN_RAY = (2, 60)
@@ -74,6 +79,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
             ) from None
     else:
         _started_here = True
+        _private_auth()
         ray.init(
             address="local",  # not a cluster `ray start` left running here: that one is --ray-address auto
             num_cpus=num_cpus or os.cpu_count() or 2,
@@ -81,6 +87,87 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
+
+
+_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+_auth_set_here: list[str] = []  # what _private_auth put in os.environ, for shutdown_ray to remove
+
+
+def _private_auth() -> None:
+    """Token authentication for a private local Ray, without writing ``~/.ray/auth_token``.
+
+    A local ``ray.init()`` of Ray >= 2.59 turns token authentication on and, when no token
+    exists, writes a new one to ``~/.ray/auth_token`` (and from then on every Ray start on the
+    machine logs "Token authentication is enabled"). USG's private Ray keeps the
+    authentication but holds its token in this process's environment (inherited by the Ray
+    processes it starts), so the user's home is left as it was. A ``RAY_AUTH_MODE`` or a token
+    the user set (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``) is used as is.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token authentication writes no token either
+        return
+    home_token = Path.home() / ".ray" / "auth_token"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or home_token.exists()):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        _auth_set_here.append("RAY_AUTH_TOKEN")
+    _auth_set_here.append("RAY_AUTH_MODE")
+    setup._enable_token_auth()  # RAY_AUTH_MODE=token, re-read by this process's Ray config
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def shutdown_ray() -> None:
+    """Stop what :func:`connect_ray` started or joined, quietly: on a private Ray the Serve
+    applications are deleted first (their replicas finish accepted requests), then Ray stops
+    with its controller — ``serve.shutdown()`` there would kill the controller under its own
+    pending ``graceful_shutdown`` call, which Ray reports as a failed task with raw colour codes.
+    On a joined cluster only this process disconnects."""
+    global _started_here
+    import ray
+
+    if ray.is_initialized():
+        if _started_here:
+            from ray import serve
+
+            try:
+                names = list(serve.status().applications)
+            except Exception:  # Serve never started here
+                names = []
+            for name in names:
+                serve.delete(name)
+        children = _ray_children() if _started_here else []
+        ray.shutdown()
+        _reap(children)
+    _started_here = False
+    while _auth_set_here:
+        os.environ.pop(_auth_set_here.pop(), None)
+
+
+def _ray_children() -> list[Any]:
+    """The ``Popen`` objects of the Ray processes this process started (raylet, GCS, dashboard...)."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        return [info.process for infos in node.all_processes.values() for info in infos] if node else []
+    except Exception:  # a Ray without these internals: nothing to reap here
+        return []
+
+
+def _reap(children: list[Any], timeout_s: float = 20.0) -> None:
+    """Wait for Ray's processes after ``ray.shutdown()``: on a loaded machine Ray abandons one that
+    is slow to die (its reap timeout), which would linger as a zombie with an unwaited ``Popen``."""
+    deadline = time.monotonic() + timeout_s
+    for proc in children:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # still alive past the deadline: kill it, then reap it
+            proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
 
 
 def _use_token_if_available() -> bool:
@@ -135,23 +222,32 @@ def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0,
     models: dict[str, Any] = {}
     nodes: dict[str, Any] = {}
     ingress: Any = None
+    reducers = output_reducers(graph)  # e.g. rec's T x 6625 probabilities -> their best path
     for d in deployment_plan(graph, config.max_inflight):
+        env = deployment_env(d.kind, otel=bool(otel))
+        options = {**d.options, "ray_actor_options": _with_env(d.options["ray_actor_options"], env)}
         if d.kind == "model":
-            models[d.target] = (
-                serve.deployment(ModelReplica).options(name=d.name, **d.options).bind(graph.models[d.target])
-            )
+            model = graph.models[d.target]
+            reduce = reducers.get(d.target, {})
+            models[d.target] = serve.deployment(ModelReplica).options(name=d.name, **options).bind(model, reduce)
         elif d.kind == "node":
-            nodes[d.target] = serve.deployment(FnReplica).options(name=d.name, **d.options).bind(graph.nodes[d.target])
+            nodes[d.target] = serve.deployment(FnReplica).options(name=d.name, **options).bind(graph.nodes[d.target])
         else:
-            options = d.options
-            if otel:
-                options = {**options, "ray_actor_options": _with_otel_env(options["ray_actor_options"])}
             ingress = serve.deployment(serve.ingress()(Router)).options(name=d.name, **options)
     return ingress.bind(graph, models, nodes, config, timeout_s, otel)
 
 
-def _with_otel_env(actor_options: dict[str, Any]) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+def deployment_env(kind: str, *, otel: bool = False) -> dict[str, str]:
+    """Environment variables of a deployment's replicas: the gRPC message limit for all (every
+    process on the gRPC hop accepts the graph's large replies), and for the router with
+    ``otel`` the caller's ``OTEL_*`` variables (endpoint, headers)."""
+    env = grpc_env()
+    if kind == "router" and otel:
+        env.update({k: v for k, v in os.environ.items() if k.startswith("OTEL_")})
+    return env
+
+
+def _with_env(actor_options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     if not env:
         return actor_options
     runtime_env = dict(actor_options.get("runtime_env") or {})

@@ -1,6 +1,7 @@
 """The Ray Serve deployment options of a graph's model, Python node or router deployment.
 
-Derived from the graph: ``deploy:`` gives replicas, autoscaling and resources; a model's
+Derived from the graph: ``deploy:`` gives replicas, autoscaling and resources (tokenizer and
+``openai`` models run in the router unless ``own_deployment: true``); a model's
 ``batch:`` policy and ``options.concurrency`` give how many requests a replica must be
 allowed to hold (enough to fill ``concurrency`` batches of ``max_size``).
 """
@@ -15,6 +16,7 @@ from usg.graph.deploy import DeployPolicy
 from usg.graph.model import Graph
 
 __all__ = [
+    "ROUTER_BACKENDS",
     "PlannedDeployment",
     "deployment_name",
     "deployment_plan",
@@ -24,6 +26,9 @@ __all__ = [
 ]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
+# backends the router runs itself unless deploy: says otherwise: a tokenizer costs less than the
+# hop to a replica, and an engine model (openai) is a client of an engine that batches on its own
+ROUTER_BACKENDS = frozenset({"tokenizer", "openai"})
 
 
 def deployment_name(kind: str, name: str) -> str:
@@ -81,7 +86,9 @@ class PlannedDeployment:
 def deployment_plan(graph: Graph, max_inflight: int = 64) -> list[PlannedDeployment]:
     """Every deployment ``usg serve --engine ray`` creates for ``graph``, with its options."""
     used = [m for m in graph.models if any(n.model == m for n in graph.nodes.values())]
-    in_router = set(graph.deploy.router_models)
+    in_router = set(graph.deploy.router_models) | {
+        m for m in used if graph.models[m].backend in ROUTER_BACKENDS and graph.deploy.model(m).own_deployment is None
+    }
     plan = [
         PlannedDeployment(deployment_name("model", m), "model", m, model_options(graph, m))
         for m in used

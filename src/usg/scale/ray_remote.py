@@ -1,12 +1,14 @@
 """The router's side of a remote model or node: a USG Backend / callable over a DeploymentHandle.
 
 The executor in the router treats these like local ones (contract checks, pruning, map
-fan-out, gather are its own code); only the call crosses to another replica. Arguments
-travel as Ray objects (numpy arrays through the object store, zero-copy where Ray can), not
-JSON. A call that fails because its replica died or is unreachable is retried on another
-replica (model calls and node functions are idempotent); when retries run out the request
-fails with :class:`usg.errors.ReplicaUnavailable` (HTTP 503), never silently. The batches a
-model's replicas ran come back with the replies and go to the executor's observers.
+fan-out, gather are its own code); only the call crosses to another replica, a map node's
+items in one call. Arguments travel pickled, never as JSON: small payloads over Ray Serve's
+gRPC transport, large ones as Ray objects (numpy arrays through the object store, read
+zero-copy) — see :mod:`usg.scale.transport`. A call that fails because its replica died or
+is unreachable is retried on another replica (model calls and node functions are
+idempotent); when retries run out the request fails with
+:class:`usg.errors.ReplicaUnavailable` (HTTP 503), never silently. The batches a model's
+replicas ran come back with the replies and go to the executor's observers.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
 from usg.errors import ReplicaUnavailable, USGError
 from usg.records import ItemTiming
 from usg.scale.reply import ReplicaReply
+from usg.scale.transport import Transport
 
 __all__ = ["RayFn", "RayModelBackend", "replica_failure_types"]
 
@@ -44,6 +47,12 @@ def replica_failure_types() -> tuple[type[BaseException], ...]:
     import ray.exceptions as rx
 
     kinds: list[type[BaseException]] = [rx.RayActorError, rx.ActorUnavailableError]
+    try:  # the gRPC transport's own failures (Serve maps UNAVAILABLE to ActorUnavailableError)
+        import grpc
+
+        kinds.append(grpc.aio.AioRpcError)
+    except ImportError:
+        pass
     try:
         from ray.serve.exceptions import DeploymentUnavailableError
 
@@ -99,7 +108,11 @@ class _Retry:
 
 
 class RayModelBackend(DeclaredSpecsBackend):
-    """A graph model served by a Ray Serve deployment (``ModelReplica``)."""
+    """A graph model served by a Ray Serve deployment (``ModelReplica``).
+
+    One item is one call; a map node's items go in one call (:meth:`ainfer_many`), and the
+    replica feeds them to its batcher one by one, so they still batch with other requests'.
+    """
 
     kind = "ray-serve"
     remote = True
@@ -110,6 +123,8 @@ class RayModelBackend(DeclaredSpecsBackend):
         self.handle = handle
         self.remote_batching = batching  # the replicas batch (@serve.batch) and report each batch
         self.retry = _Retry(f"model {model!r}", f"model-{model}")
+        self.transport = Transport(f"model-{model}", handle)
+        self.transport_many = Transport(f"model-{model}", handle, "many")
 
     def _outputs(self, reply: ReplicaReply, timing: ItemTiming | None = None) -> dict[str, Any]:
         for event in reply.batches:
@@ -128,11 +143,34 @@ class RayModelBackend(DeclaredSpecsBackend):
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         item = dict(inputs)
-        return self._outputs(self.retry.sync(lambda: self.handle.remote(item).result()))
+        handle, via, size = self.transport.pick(item)
+        self.transport.count("request", via, size)
+        reply: ReplicaReply = self.retry.sync(lambda: handle.remote(item).result())
+        self.transport.count_reply(via, reply.outputs)
+        return self._outputs(reply)
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
         item = dict(inputs)
-        return self._outputs(await self.retry.run(lambda: self.handle.remote(item)), timing)
+        handle, via, size = self.transport.pick(item)
+        self.transport.count("request", via, size)
+        reply: ReplicaReply = await self.retry.run(lambda: handle.remote(item))
+        self.transport.count_reply(via, reply.outputs)
+        return self._outputs(reply, timing)
+
+    async def ainfer_many(
+        self, items: Sequence[Mapping[str, Any]], timings: Sequence[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """A map node's items in one call; the first failing item's error is raised."""
+        batch = [dict(it) for it in items]
+        if self.transport_many.by_reference is None:  # a handle without the method: one call each
+            return list(await asyncio.gather(*(self.ainfer(it, t) for it, t in zip(batch, timings, strict=True))))
+        if not batch:
+            return []
+        handle, via, size = self.transport_many.pick(batch)
+        self.transport_many.count("request", via, size)
+        replies: list[ReplicaReply] = await self.retry.run(lambda: handle.remote(batch))
+        self.transport_many.count_reply(via, [r.outputs for r in replies])
+        return [self._outputs(r, t) for r, t in zip(replies, timings, strict=True)]
 
     @property
     def description(self) -> str:
@@ -146,6 +184,11 @@ class RayFn:
         self.node = node
         self.handle = handle
         self.retry = _Retry(f"node {node!r}", f"node-{node}")
+        self.transport = Transport(f"node-{node}", handle)
 
     def __call__(self, **kwargs: Any) -> Any:
-        return self.retry.sync(lambda: self.handle.remote(kwargs).result())
+        handle, via, size = self.transport.pick(kwargs)
+        self.transport.count("request", via, size)
+        out = self.retry.sync(lambda: handle.remote(kwargs).result())
+        self.transport.count_reply(via, out)
+        return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ray import serve
@@ -33,8 +33,10 @@ __all__ = ["FnReplica", "ModelReplica"]
 
 
 class ModelReplica:
-    def __init__(self, model: ModelDef) -> None:
+    def __init__(self, model: ModelDef, reducers: Mapping[str, str] | None = None) -> None:
         self.model = model
+        # output port -> reducer applied before replying (usg.scale.transport.output_reducers)
+        self.reducers = {port: import_callable(ref) for port, ref in (reducers or {}).items()}
         self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
@@ -54,6 +56,7 @@ class ModelReplica:
             model.batch.pad,
             call_timeout_s=self._timeout_s,
             max_parallel_retries=model.batch.max_size,
+            state=model.state,  # the state travels with each item: any replica can run any stream
         )
         self._items = 0
         self._backend_calls = 0
@@ -79,7 +82,21 @@ class ModelReplica:
                 )
             except USGError as exc:
                 out = exc
-            return ReplicaReply(out, compute_ms=(time.perf_counter() - t0) * 1e3)
+            return ReplicaReply(self._reduce(out), compute_ms=(time.perf_counter() - t0) * 1e3)
+
+    def _reduce(self, out: dict[str, Any] | USGError) -> dict[str, Any] | USGError:
+        if not self.reducers or isinstance(out, USGError):
+            return out
+        out = dict(out)
+        for port, fn in self.reducers.items():
+            name = port if port in out else (next(iter(out)) if port == "out" and len(out) == 1 else None)
+            if name is not None:
+                out[name] = fn(out[name])
+        return out
+
+    async def many(self, items: Sequence[Mapping[str, Any]]) -> list[ReplicaReply]:
+        """A map node's items from one request: each joins the batcher like a single call."""
+        return list(await asyncio.gather(*(self(item) for item in items)))
 
     async def _run_batch(self, entries: list[tuple[Mapping[str, Any], float]]) -> list[ReplicaReply]:
         started = time.perf_counter()
@@ -98,7 +115,7 @@ class ModelReplica:
                 ran_by[i] = call.event
         return [
             ReplicaReply(
-                out,
+                self._reduce(out),
                 tuple(events.get(i, ())),
                 compute_ms=ran_by[i].compute_ms if i in ran_by else 0.0,
                 batch_size=ran_by[i].items if i in ran_by else 1,

@@ -48,7 +48,10 @@ class Router:
         executor = Executor(self.graph, backends=models, fns=nodes, timeout_s=self.timeout_s)
         provider = make_tracer_provider(self.otel, service_name=f"usg:{self.graph.name}") if self.otel else None
         app = create_app(self.graph, executor=executor, config=self.config, tracer_provider=provider)
-        retry_counter = app.state.usg.metrics.remote_retry  # usg_remote_retries_total on /metrics
+        metrics = app.state.usg.metrics
         for retry in [b.retry for b in models.values()] + [f.retry for f in nodes.values()]:
-            retry.on_retry = retry_counter
+            retry.on_retry = metrics.remote_retry  # usg_remote_retries_total on /metrics
+        transports = [b.transport for b in models.values()] + [b.transport_many for b in models.values()]
+        for transport in transports + [f.transport for f in nodes.values()]:
+            transport.listeners.append(metrics.remote_bytes_moved)  # usg_remote_bytes_total
         return app

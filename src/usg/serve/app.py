@@ -24,9 +24,11 @@ from usg.graph import Graph
 from usg.runtime import Executor
 from usg.runtime.executor import ExecutorState
 from usg.serve import openapi, v1, v2
+from usg.serve.align_metrics import AlignMetrics
 from usg.serve.context import ServeConfig, ServeContext, ServeState
 from usg.serve.errors import exception_handlers, v1_error, v2_error
 from usg.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from usg.serve.stream_ws import stream_routes
 from usg.serve.tracing import TracingObserver
 
 if TYPE_CHECKING:
@@ -60,7 +62,8 @@ def create_app(
     """
     metrics = ServeMetrics()
     tracing = TracingObserver(tracer_provider) if tracer_provider is not None else None
-    observers = [o for o in (metrics, tracing, *addons) if o is not None]
+    align = AlignMetrics(metrics.registry, graph) if any(n.align for n in graph.nodes.values()) else None
+    observers = [o for o in (metrics, tracing, align, *addons) if o is not None]
     if executor is None:
         executor = Executor(
             graph,
@@ -103,6 +106,7 @@ def create_app(
     routes: list[BaseRoute] = [
         *(route for make in extra_routes for route in make(ctx)),  # before Mount("/v1"), which takes /v1/...
         *(r for addon in addons for r in addon.routes()),
+        *stream_routes(ctx),  # WS /v1/stream/{graph}, before Mount("/v1")
         Route("/v2", v2.server_metadata(ctx), methods=["GET"]),  # Mount("/v2") matches "/v2/..." only
         Mount("/v1", app=Starlette(routes=v1.routes(ctx), exception_handlers=handlers(v1_error))),
         Mount("/v2", app=Starlette(routes=v2.routes(ctx), exception_handlers=handlers(v2_error))),

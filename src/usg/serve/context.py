@@ -18,24 +18,28 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from usg.errors import StateError, USGError
 from usg.graph import Graph
 from usg.runtime import Executor, InferResult
+from usg.runtime.events import ExecutionEvent
 from usg.runtime.executor import ExecutorState
 from usg.serve.errors import DrainingError, InternalError, Unauthorized, rejection_reason
 from usg.serve.limits import BodyBudget, InflightGate, RequestLimits, check_content_length, declared_length, read_body
 from usg.serve.metrics import ServeMetrics
+from usg.serve.sse import EventStreamResponse
 from usg.serve.tracing import TracingObserver
+from usg.stream.limits import SessionLimits
 
 if TYPE_CHECKING:
     from usg.monitor.addon import ServeAddon
+    from usg.stream import SessionManager
 
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "Work"]
 
@@ -74,6 +78,8 @@ class ServeConfig:
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 5.0
     api_key: str | None = None
+    #: limits of each streaming session (``WS /v1/stream/{graph}``; ``usg serve --stream-limit``)
+    stream: SessionLimits = field(default_factory=SessionLimits)
 
 
 class ServeContext:
@@ -99,6 +105,7 @@ class ServeContext:
         self.state = ServeState.STARTING
         self.started_at = time.time()
         self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
+        self.sessions: SessionManager | None = None  # streaming sessions (usg.serve.stream_ws)
         # request id -> input digests, for the access-log line; bounded (gRPC answers without a log line)
         self._integrity: collections.OrderedDict[str, Mapping[str, str]] = collections.OrderedDict()
         metrics.set_inflight_source(lambda: float(self.gate.inflight))
@@ -134,6 +141,8 @@ class ServeContext:
             await asyncio.sleep(0.02)
         if self.busy:
             log.warning("drain timeout: closing with %d request(s) in flight", self.busy)
+        if self.sessions is not None:  # flush open streaming sessions while the models still run
+            await self.sessions.aclose()
         await self.executor.aclose()
         for addon in self.addons:
             addon.close()
@@ -149,7 +158,7 @@ class ServeContext:
             raise StateError("the server is still loading models; fix: wait for /v2/health/ready")
         raise DrainingError("the server is shutting down and accepts no new requests; fix: retry on another replica")
 
-    def authorize(self, request: Request) -> None:
+    def authorize(self, request: HTTPConnection) -> None:
         """401 unless ``Authorization: Bearer <key>`` matches ``--api-key-env`` (when one is set)."""
         key = self.config.api_key
         if key is None:
@@ -185,6 +194,16 @@ class ServeContext:
         while len(self._integrity) > _INTEGRITY_KEPT:
             self._integrity.popitem(last=False)
         return result
+
+    def stream(
+        self, raw: Mapping[str, Any], request_id: str, expect_sha256: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[ExecutionEvent, None]:
+        """:meth:`infer` as events (:meth:`usg.runtime.Executor.stream`); closing it cancels the request."""
+        for addon in self.addons:
+            addon.note_raw(request_id, raw)
+        return self.executor.stream(
+            raw, request_id=request_id, timeout_s=self.config.timeout_s, expect_sha256=expect_sha256
+        )
 
     def count(self, request: Request, exc: USGError | None, status: int) -> None:
         """Metrics and the access-log line of one answered request (the error handlers call it for refusals)."""
@@ -226,6 +245,7 @@ class ServeContext:
             self.gate.check()  # refuse at once when full, without reading the body
             body = await self.receive(request)
             self.gate.acquire()
+            streaming = False
             try:
                 scope = self.tracing.remote_parent(request.headers) if self.tracing else contextlib.nullcontext()
                 with scope:
@@ -236,8 +256,12 @@ class ServeContext:
                     except Exception as exc:
                         log.exception("request %s failed", rid)
                         raise InternalError(f"internal error ({type(exc).__name__})") from exc
+                if isinstance(response, EventStreamResponse):  # the slot is held until the stream ends
+                    response.on_close(self.gate.release)
+                    streaming = True
             finally:
-                self.gate.release()
+                if not streaming:
+                    self.gate.release()
             response.headers["X-Request-Id"] = rid
             self.count(request, None, response.status_code)
             return response

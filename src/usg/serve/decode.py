@@ -21,6 +21,7 @@ from usg.errors import InputError, PayloadTooLarge, USGError
 __all__ = [
     "DEFAULT_FIX",
     "MAX_INT_DIGITS",
+    "b64_audio",
     "b64_image",
     "check_depth",
     "expected_digests",
@@ -136,3 +137,15 @@ def expected_digests(items: Mapping[Any, Any]) -> dict[str, str]:
             )
         out[name] = digest
     return out
+
+
+def b64_audio(name: str, text: str) -> bytes:
+    """Base64 text (a ``data:`` URL prefix is accepted) → the encoded audio file's bytes."""
+    try:
+        return b64_image(name, text)
+    except InputError:
+        raise InputError(
+            f"{name}: audio is not valid base64",
+            field=name,
+            fix="send the audio file (WAV/FLAC/OGG/MP3/M4A/...) base64-encoded, or upload it as a multipart file",
+        ) from None

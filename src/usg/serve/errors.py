@@ -30,8 +30,10 @@ __all__ = [
     "ModelNotFound",
     "Unauthorized",
     "exception_handlers",
+    "public_message",
     "rejection_reason",
     "v1_error",
+    "v1_error_body",
     "v2_error",
 ]
 
@@ -118,6 +120,11 @@ def _public_message(exc: USGError, request_id: str | None) -> str:
     return f"{line} (details in the server log, request id {request_id})"
 
 
+def public_message(exc: USGError, request_id: str | None = None) -> str:
+    """The message of ``exc`` a client may see (5xx: no file paths, one short line)."""
+    return _public_message(exc, request_id)
+
+
 def _finish(body: dict[str, Any], exc: USGError, request_id: str | None) -> JSONResponse:
     if request_id is not None:
         body["request_id"] = request_id
@@ -133,13 +140,23 @@ def _finish(body: dict[str, Any], exc: USGError, request_id: str | None) -> JSON
     return JSONResponse(clean, status_code=exc.status, headers=headers)
 
 
-def v1_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
-    """``/v1`` and server-wide error body: ``{"error": reason, "message", "field", "fix", "request_id"}``."""
+def v1_error_body(exc: USGError, request_id: str | None = None) -> dict[str, Any]:
+    """The ``/v1`` error object (also the ``error`` event of a stream): ``{"error": reason,
+    "message", "field", "fix", "node", "request_id"}`` (``node``: the graph node that failed)."""
     body = dict(exc.to_dict())
     if exc.status >= 500:
         body["message"] = _public_message(exc, request_id)
         body.pop("problems", None)
-    return _finish(body, exc, request_id)
+    if exc.node is not None:
+        body["node"] = exc.node
+    if request_id is not None:
+        body["request_id"] = request_id
+    return {k: safe_text(v) if isinstance(v, str) else v for k, v in body.items()}
+
+
+def v1_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
+    """``/v1`` and server-wide error body: :func:`v1_error_body`."""
+    return _finish(v1_error_body(exc, request_id), exc, request_id)
 
 
 def v2_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
@@ -149,6 +166,8 @@ def v2_error(exc: USGError, request_id: str | None = None) -> JSONResponse:
     body["code"] = body.get("error")
     body["error"] = _public_message(exc, request_id)
     body.pop("message", None)
+    if exc.node is not None:
+        body["node"] = exc.node
     return _finish(body, exc, request_id)
 
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from usg.runtime.observer import CacheEvent, NodeEvent, Observer
+from usg.serve.llm_metrics import LLMMetrics
 
 if TYPE_CHECKING:
     from usg.runtime.batcher import BatchEvent
@@ -83,6 +84,13 @@ class ServeMetrics(Observer):
             ["target"],
             registry=r,
         )
+        self.remote_bytes = Counter(
+            "usg_remote_bytes",
+            "Payload bytes of calls between the router and its replicas (Ray engine), by direction "
+            "(request | reply) and transport (grpc | object_store | inline).",
+            ["target", "direction", "transport"],
+            registry=r,
+        )
         self.node_seconds = Histogram(
             "usg_node_seconds",
             "Wall time of a node within a request.",
@@ -138,9 +146,11 @@ class ServeMetrics(Observer):
         self.cache_bytes = Gauge("usg_cache_bytes", "Bytes a node-cache store holds (memory).", ["store"], registry=r)
         self.cache_evictions = Counter("usg_cache_evictions", "Node-cache LRU evictions.", ["store"], registry=r)
         self._evictions_seen: dict[str, int] = {}
+        self.llm = LLMMetrics(r)  # LLM nodes: time to first token, inter-token latency, tokens, engine codes
 
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
         """Learn which models batch (their queue/compute come from batch events) and export queue depth."""
+        self.llm.bind(runners)
         for name, runner in runners.items():
             if runner.batches:
                 self._batched.add(name)
@@ -159,6 +169,8 @@ class ServeMetrics(Observer):
     # -- observer hooks ------------------------------------------------------------------------
     def node_finished(self, event: NodeEvent) -> None:
         self.node_seconds.labels(event.node).observe(max(0.0, event.end - event.start))
+        if event.engine_calls:
+            self.llm.observe(event.node, event.engine_calls)
         if event.model is None or not event.ok:
             return
         self.items.labels(event.model).inc(event.items)
@@ -205,6 +217,9 @@ class ServeMetrics(Observer):
 
     def remote_retry(self, target: str) -> None:
         self.remote_retries.labels(target).inc()
+
+    def remote_bytes_moved(self, target: str, direction: str, transport: str, size: int) -> None:
+        self.remote_bytes.labels(target, direction, transport).inc(size)
 
 
 def _depth_of(runner: Any) -> Callable[[], float]:

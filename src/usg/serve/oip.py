@@ -17,7 +17,7 @@ from usg.graph import Graph, describe_model
 from usg.graph.model import model_output
 from usg.runtime.result import to_jsonable
 from usg.serve.binary import V2Tensor, dtype_to_datatype
-from usg.serve.decode import b64_image
+from usg.serve.decode import b64_audio, b64_image
 from usg.serve.errors import ModelNotFound
 from usg.specs import Modality, TensorSpec
 
@@ -55,6 +55,13 @@ def graph_metadata(graph: Graph) -> dict[str, Any]:
                 "datatype": "BYTES",
                 "shape": [1],
                 "parameters": {"content": "encoded image (PNG/JPEG/...); or UINT8 [H,W,3] pixels"},
+            }
+        elif d.modality is Modality.AUDIO:
+            entry = {
+                "name": name,
+                "datatype": "BYTES",
+                "shape": [1],
+                "parameters": {"content": "encoded audio (WAV/FLAC/OGG/MP3/AAC/M4A/WebM)"},
             }
         else:
             entry = {
@@ -117,7 +124,7 @@ def graph_value(graph: Graph, t: V2Tensor) -> Any:
             field=t.name,
             fix=f"use the model's inputs: {', '.join(sorted(graph.inputs))}",
         )
-    if d.modality in (Modality.TEXT, Modality.IMAGE) and t.datatype == "BYTES":
+    if d.modality in (Modality.TEXT, Modality.IMAGE, Modality.AUDIO) and t.datatype == "BYTES":
         assert isinstance(t.value, list)
         if len(t.value) != 1:
             raise InputError(
@@ -125,8 +132,9 @@ def graph_value(graph: Graph, t: V2Tensor) -> Any:
                 field=t.name,
                 fix=f"send {t.name} with shape [1]",
             )
-        if d.modality is Modality.IMAGE and not t.binary:  # JSON strings cannot hold raw image bytes
-            return b64_image(t.name, t.value[0].decode("utf-8", errors="replace"))
+        if d.modality is not Modality.TEXT and not t.binary:  # JSON strings cannot hold raw file bytes
+            decode = b64_image if d.modality is Modality.IMAGE else b64_audio
+            return decode(t.name, t.value[0].decode("utf-8", errors="replace"))
         return t.value[0]
     if d.modality is Modality.IMAGE and t.datatype == "UINT8" and isinstance(t.value, np.ndarray):
         arr = t.value[0] if t.value.ndim == 4 and t.value.shape[0] == 1 else t.value
@@ -137,9 +145,11 @@ def graph_value(graph: Graph, t: V2Tensor) -> Any:
             return t.value
         expected = want
     else:
-        expected = {Modality.TEXT: "BYTES", Modality.IMAGE: "BYTES (encoded image) or UINT8 [H,W,3]"}.get(
-            d.modality, "a numeric datatype"
-        )
+        expected = {
+            Modality.TEXT: "BYTES",
+            Modality.IMAGE: "BYTES (encoded image) or UINT8 [H,W,3]",
+            Modality.AUDIO: "BYTES (the encoded audio file)",
+        }.get(d.modality, "a numeric datatype")
     raise InputError(
         f"{t.name}: datatype {t.datatype} does not match the input ({d.modality.value}, expects {expected})",
         field=t.name,

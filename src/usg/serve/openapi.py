@@ -28,6 +28,13 @@ _ERROR = {
     },
 }
 
+NODE_MS_DESCRIPTION = (
+    "Per node that ran, its wall time in milliseconds from the moment its inputs were ready to its "
+    "outputs: the wait in its model's queue and batch window included, a map node's items together. "
+    "Nodes on parallel branches overlap, so the times do not add up to the request's; nodes answered "
+    "from the node cache are not listed."
+)
+
 
 def _value_schema(modality: Modality) -> dict[str, Any]:
     if modality is Modality.IMAGE:
@@ -93,7 +100,11 @@ def document(graph: Graph) -> dict[str, Any]:
         "properties": {
             "outputs": {"type": "object", "properties": {name: {} for name in graph.outputs}},
             "pruned_nodes": {"type": "array", "items": {"type": "string"}},
-            "node_ms": {"type": "object"},
+            "node_ms": {
+                "type": "object",
+                "additionalProperties": {"type": "number"},
+                "description": NODE_MS_DESCRIPTION,
+            },
             "request_id": {"type": "string"},
         },
     }

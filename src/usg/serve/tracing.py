@@ -4,7 +4,8 @@ One ``usg.request`` span per request (child of the caller's ``traceparent`` when
 HTTP layer passes it on), one ``node <name>`` span per node run, and for model nodes
 two children, ``queue`` and ``compute``, laid end to end from the node's start using the
 executor's measured queue wait and compute time (sums over items for ``map`` nodes,
-clamped to the node's wall time).
+clamped to the node's wall time). An LLM node has instead one ``engine <model>`` child per
+request sent to its engine, carrying the engine's request id, status, tokens and time to first token.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from usg.errors import MissingDependency
+from usg.records import EngineCall
 from usg.runtime.observer import NodeEvent, Observer
 
 if TYPE_CHECKING:
@@ -107,7 +109,9 @@ class TracingObserver(Observer):
         span = self.tracer.start_span(f"node {event.node}", context=ctx, attributes=attrs, start_time=start)
         if not event.ok:
             span.set_status(Status(StatusCode.ERROR))
-        if event.model is not None:
+        for call in event.engine_calls:
+            self._engine_span(call, trace.set_span_in_context(span), offset)
+        if event.model is not None and not event.engine_calls:
             child_ctx = trace.set_span_in_context(span)
             q_end = min(end, start + int(event.queue_ms * 1e6))
             c_end = min(end, q_end + int(event.compute_ms * 1e6))
@@ -119,6 +123,29 @@ class TracingObserver(Observer):
                 end_time=c_end
             )
         span.end(end_time=end)
+
+    def _engine_span(self, call: EngineCall, ctx: Any, offset: int) -> None:
+        """``engine <model>``: one request to a generation engine, with the engine's request id."""
+        from opentelemetry.trace import Status, StatusCode
+
+        start = _to_epoch_ns(call.start, offset)
+        attrs: dict[str, Any] = {
+            "usg.model": call.model,
+            "usg.engine.url": call.url,
+            "usg.engine.request_id": call.engine_request_id,
+            "http.response.status_code": call.status,
+            "usg.engine.completion_tokens": call.completion_tokens,
+        }
+        if call.prompt_tokens is not None:
+            attrs["usg.engine.prompt_tokens"] = call.prompt_tokens
+        if call.first_token is not None:
+            attrs["usg.engine.ttft_ms"] = round((call.first_token - call.start) * 1e3, 3)
+        if call.finish_reason is not None:
+            attrs["usg.engine.finish_reason"] = call.finish_reason
+        span = self.tracer.start_span(f"engine {call.model}", context=ctx, attributes=attrs, start_time=start)
+        if call.error is not None:
+            span.set_status(Status(StatusCode.ERROR, call.error[:200]))
+        span.end(end_time=max(start, _to_epoch_ns(call.end, offset)))
 
     def request_finished(
         self, request_id: str, modalities: Sequence[str], seconds: float, status: str, pruned: Sequence[str]

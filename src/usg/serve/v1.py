@@ -2,10 +2,14 @@
 
 JSON requests: ``{"inputs": {"image": {"b64": "..."}, "text": "..."}}``; an image may also be a
 bare base64 string (a ``data:`` URL prefix is accepted); a tensor input is a nested list or
-``{"data": [...], "shape": [...]}`` (dtype from the graph). Multipart requests: images as file
-parts (or base64 text fields), text as fields (or UTF-8 file parts), tensors as ``.npy`` files.
+``{"data": [...], "shape": [...]}`` (dtype from the graph); a ``timestamped`` input is a list of
+``{"b64": "...", "ts_ms": N}`` (or ``{"image": ..., "ts_ms": N}``, the key named after the modality).
+Multipart requests: images as file parts (or base64 text fields), text as fields (or UTF-8 file
+parts), tensors as ``.npy`` files.
 Images are never read from server paths. The response is exactly ``usg run --json``'s object
-plus ``request_id``.
+plus ``request_id``. ``"stream": true`` in the JSON body (or ``?stream=true``, e.g. with
+multipart) answers with Server-Sent Events instead (:mod:`usg.serve.infer_stream`): one per node
+that finished, the token deltas of LLM nodes, and last that same object.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from starlette.types import Message
 
 from usg.errors import InputError
 from usg.graph import Graph
+from usg.runtime.inputs import ITEM_KEYS
 from usg.serve.context import ServeContext
-from usg.serve.decode import DEFAULT_FIX, b64_image, expected_digests, load_json, parsing
+from usg.serve.decode import DEFAULT_FIX, b64_audio, b64_image, expected_digests, load_json, parsing
+from usg.serve.infer_stream import event_stream, v1_renderer
 from usg.serve.limits import DEFAULT_MAX_NESTING_DEPTH
 from usg.specs import Modality
 
-__all__ = ["parse_json_inputs", "routes"]
+__all__ = ["convert_input", "parse_json_inputs", "routes"]
 
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
@@ -56,23 +62,27 @@ def _tensor(graph: Graph, name: str, value: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _b64_audio(name: str, text: str) -> bytes:
-    """Base64 text (a ``data:`` URL prefix is accepted) → the encoded audio file's bytes."""
-    try:
-        return b64_image(name, text)
-    except InputError:
-        raise InputError(
-            f"{name}: audio is not valid base64",
-            field=name,
-            fix="send the WAV/FLAC/OGG file base64-encoded, or upload it as a multipart file",
-        ) from None
+def _stamped(graph: Graph, name: str, value: Any) -> Any:
+    """A timestamped input's JSON list ``[{"b64"|KEY: ..., "ts_ms": N}, ...]``: each item's value converted."""
+    if not isinstance(value, list):
+        return value  # normalize_inputs says what is expected
+    key = ITEM_KEYS[graph.inputs[name].modality]
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, dict) and any(k in item for k in (key, "value", "b64")):
+            raw = item.get(key, item.get("value", {"b64": item.get("b64")}))
+            item = {key: convert_input(graph, name, raw, item=True), "ts_ms": item.get("ts_ms")}
+        out.append(item)
+    return out
 
 
-def _convert(graph: Graph, name: str, value: Any) -> Any:
+def convert_input(graph: Graph, name: str, value: Any, *, item: bool = False) -> Any:
     """A JSON/form value of input ``name`` → what the executor takes (bytes for images and audio, never a path)."""
     d = graph.inputs.get(name)
     if d is None or value is None:
         return value  # unknown names: normalize_inputs names them and lists the valid ones
+    if d.timestamped and not item:
+        return _stamped(graph, name, value)
     if d.modality is Modality.IMAGE:
         if isinstance(value, dict) and isinstance(value.get("b64"), str):
             return b64_image(name, value["b64"])
@@ -89,13 +99,13 @@ def _convert(graph: Graph, name: str, value: Any) -> Any:
         if isinstance(value, dict) and isinstance(value.get("b64"), str):
             value = value["b64"]
         if isinstance(value, str):
-            return _b64_audio(name, value)
+            return b64_audio(name, value)
         if isinstance(value, bytes):
             return value
         raise InputError(
             f'{name}: audio must be base64 text or {{"b64": "..."}}, got {type(value).__name__}',
             field=name,
-            fix='send {"b64": "<base64 of the WAV/FLAC/OGG file>"}, or upload it as a multipart file',
+            fix='send {"b64": "<base64 of the WAV/FLAC/OGG/MP3/M4A file>"}, or upload it as a multipart file',
         )
     if d.modality is Modality.TEXT:
         if isinstance(value, (str, bytes)):
@@ -121,8 +131,10 @@ def parse_json_inputs(
     *,
     max_depth: int = DEFAULT_MAX_NESTING_DEPTH,
     expected: dict[str, str] | None = None,
+    flags: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``{"inputs": {...}}`` → executor inputs; ``{"b64": ..., "sha256": ...}`` digests go to ``expected``."""
+    """``{"inputs": {...}}`` → executor inputs; ``{"b64": ..., "sha256": ...}`` digests go to ``expected``;
+    the top-level ``stream`` flag (if sent) goes to ``flags``."""
     doc = load_json(body, max_depth=max_depth, fix=DEFAULT_FIX)
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), dict):
         got = type(doc.get("inputs")).__name__ if isinstance(doc, dict) else type(doc).__name__
@@ -133,7 +145,9 @@ def parse_json_inputs(
         )
     if expected is not None:
         expected.update(expected_digests(doc["inputs"]))
-    return {k: _convert(graph, k, v) for k, v in doc["inputs"].items()}
+    if flags is not None and "stream" in doc:
+        flags["stream"] = doc["stream"]
+    return {k: convert_input(graph, k, v) for k, v in doc["inputs"].items()}
 
 
 def _replay(body: bytes) -> Any:
@@ -193,11 +207,15 @@ async def parse_form_inputs(
             field="body",
             fix="send multipart/form-data with a boundary (let the HTTP client build it)",
         ) from None
-    return {k: _convert(graph, k, v) for k, v in raw.items()}
+    return {k: convert_input(graph, k, v) for k, v in raw.items()}
 
 
 async def parse_request(
-    ctx: ServeContext, request: Request, body: bytes, expected: dict[str, str] | None = None
+    ctx: ServeContext,
+    request: Request,
+    body: bytes,
+    expected: dict[str, str] | None = None,
+    flags: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json" and media not in _FORMS:
@@ -208,7 +226,9 @@ async def parse_request(
         )
     with parsing("the /v1 request"):
         if media == "application/json":
-            return parse_json_inputs(ctx.graph, body, max_depth=ctx.limits.max_nesting_depth, expected=expected)
+            return parse_json_inputs(
+                ctx.graph, body, max_depth=ctx.limits.max_nesting_depth, expected=expected, flags=flags
+            )
         return await parse_form_inputs(ctx.graph, request, body, expected)
 
 
@@ -217,7 +237,19 @@ def routes(ctx: ServeContext) -> list[Route]:
 
     async def work(request: Request, rid: str, body: bytes) -> Response:
         expected: dict[str, str] = {}
-        raw = await parse_request(ctx, request, body, expected)
+        flags: dict[str, Any] = {}
+        if "stream" in request.query_params:
+            flags["stream"] = request.query_params["stream"].lower() in ("1", "true", "yes")
+        raw = await parse_request(ctx, request, body, expected, flags)
+        stream = flags.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InputError(
+                f"stream must be true or false, got {stream!r}",
+                field="stream",
+                fix='send "stream": true for Server-Sent Events, or leave it out',
+            )
+        if stream:
+            return await event_stream(ctx, raw, rid, expected or None, v1_renderer(rid))
         result = await ctx.infer(raw, rid, expected or None)
         return JSONResponse({**result.to_json_dict(), "request_id": rid})
 

@@ -4,7 +4,8 @@ The graph is served as one model named after the graph, version ``"1"``.
 
 Inputs: a text input is ``BYTES`` ``[1]`` (UTF-8); an image input is ``BYTES`` ``[1]`` holding the
 encoded file (PNG/JPEG/...) as binary data, or base64 of it in JSON ``data`` (JSON strings cannot
-carry raw bytes), or ``UINT8`` ``[H, W, 3]`` raw pixels; a tensor input has the
+carry raw bytes), or ``UINT8`` ``[H, W, 3]`` raw pixels; an audio input is ``BYTES`` ``[1]`` holding the
+encoded file (WAV/FLAC/OGG/MP3/AAC/M4A/WebM), binary or base64 like an image; a tensor input has the
 datatype of its spec (``FP32`` ...). Outputs: numeric arrays keep their datatype and shape;
 strings are ``BYTES``; a list of records (such as OCR ``lines``) is ``BYTES`` ``[n]`` with one
 JSON document per element (``json.loads(x)`` gives ``{"text", "score", "box"}``); any other
@@ -24,7 +25,7 @@ from starlette.routing import Route
 from usg import __version__
 from usg.errors import InputError
 from usg.graph import Graph
-from usg.serve import oip
+from usg.serve import generate, oip
 from usg.serve.binary import decode_tensor, encode_response, split_body
 from usg.serve.context import ServeContext
 from usg.serve.decode import expected_digests, parsing, safe_text
@@ -109,7 +110,7 @@ def server_metadata(ctx: ServeContext) -> Any:
 
     async def endpoint(request: Request) -> Response:
         ctx.authorize(request)
-        return JSONResponse({"name": "usg", "version": __version__, "extensions": ["binary_tensor_data"]})
+        return JSONResponse({"name": "usg", "version": __version__, "extensions": ["binary_tensor_data", "generate"]})
 
     return endpoint
 
@@ -185,4 +186,5 @@ def routes(ctx: ServeContext) -> list[Route]:
         Route("/models/{model}/versions/{version}/ready", model_ready, methods=["GET"]),
         Route("/models/{model}/infer", infer, methods=["POST"]),
         Route("/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        *generate.routes(ctx),  # Triton's generate extension (usg.serve.generate)
     ]

@@ -83,13 +83,15 @@ async def run_document(
     embed: AsyncTexts,
     cpu: Callable[..., Awaitable[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run one request through det → cls → rec (+ MiniLM on the OCR text and the query text).
+    """Run one request through det → cls → rec (+ MiniLM on the OCR text and the query text, and
+    with both, on each OCR line for the example's ``relevance`` output).
 
     ``det`` takes the [1,3,H,W] input and returns the probability map; ``cls``/``rec`` take a
     list of [1,…] items and return one output per item; ``embed`` takes texts and returns one
     [1,384] embedding per text. ``cpu`` runs a pre/post-processing call (default: a thread).
     """
     from usg.ops import ocr
+    from usg.ops import text as text_ops
 
     run = cpu or _to_thread
     outputs: dict[str, Any] = {}
@@ -111,7 +113,14 @@ async def run_document(
             decoded = await run(ocr.ctc_decode, rec_out, boxes, pre["meta"], **opts.get("lines", {}))
             outputs["lines"] = decoded["lines"]
             if decoded["text"] is not None:
-                outputs["ocr_embedding"] = (await embed([decoded["text"]]))[0]
+                line_texts = [str(line["text"]) for line in decoded["lines"]] if query is not None else []
+                embedded = await embed([decoded["text"], *line_texts])
+                outputs["ocr_embedding"] = embedded[0]
+                if query is not None:
+                    relevance = text_ops.relevance(
+                        query=(await query)[0], document=embedded[0], lines=embedded[1:], texts=line_texts
+                    )
+                    outputs["relevance"] = relevance["summary"]
     except BaseException:
         if query is not None:
             query.cancel()

@@ -3,7 +3,8 @@
 What it does per request: ``RapidOCR()(image_bgr)`` (det → cls → rec, RapidOCR's default
 configuration and ONNX Runtime threads, rec batched 6 crops at a time as RapidOCR does), then
 MiniLM (USG's tokenizer backend + an ONNX Runtime session with the graph's thread count) embeds
-the OCR text joined with newlines and the query text — the same work as the graph. One engine
+the OCR text joined with newlines and the query text, and with both each OCR line (the graph's
+``relevance``) — the same work as the graph. One engine
 is shared by the pool's threads (ONNX Runtime sessions are thread-safe); the pool has as many
 threads as the benchmark has concurrent clients.
 """
@@ -21,6 +22,7 @@ from usg.bench.baselines.pipeline import doc_models
 from usg.bench.samples import Sample
 from usg.errors import MissingDependency
 from usg.graph.model import Graph
+from usg.ops.text import relevance
 
 __all__ = ["RapidOcrPoolTarget"]
 
@@ -60,6 +62,12 @@ class RapidOcrPoolTarget:
                 out["ocr_embedding"] = self._embedder.embed([joined])
         if text is not None:
             out["text_embedding"] = self._embedder.embed([text])
+            if "ocr_embedding" in out:  # the example's relevance: the query against each OCR line
+                texts = [line["text"] for line in out["lines"]]
+                embedded = self._embedder.embed(texts)
+                per_line = [embedded[i : i + 1] for i in range(len(texts))]
+                summary = relevance(out["text_embedding"], out["ocr_embedding"], per_line, texts)
+                out["relevance"] = summary["summary"]
         return out
 
     async def infer(self, sample: Sample) -> dict[str, Any]:

@@ -6,7 +6,7 @@ the widths the projector connects. They live in different files (``config.json``
 ``preprocessor_config.json`` / ``processor_config.json``, ``tokenizer_config.json``) written by
 different tools, so they drift apart — the runtime symptom is transformers' "Image features
 and image tokens do not match: tokens: 729, features 728". The arithmetic is in
-:mod:`usg.doctor.hf.vision`; every mismatch is reported with both numbers and the fix.
+:mod:`usg.vision_tokens`; every mismatch is reported with both numbers and the fix.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity
-from usg.doctor.hf.vision import anyres_tokens, has_cls, qwen2_vl_resize, vit_tokens
 from usg.doctor.registry import CodeInfo, check, finding
+from usg.vision_tokens import anyres_tokens, has_cls, qwen2_vl_resize, vit_tokens
 
 __all__ = ["HF_CODES", "check_vlm_coupling"]
 

@@ -10,10 +10,11 @@ How a log is read:
 3. A line no rule matches but that looks like an error (``ERROR``, ``[E]``, glog ``E0412``,
    ``…Error:``/``Exception:``, ``failed``) becomes ``LOG000`` — unclassified, never forced into
    a class.
-4. Such a line is then matched against the labelled corpus of real user reports
-   (:mod:`usg.doctor.logs.similar`): if it is close enough to known cases it becomes ``LOG050``
-   with the voted class, a confidence, the evidence its causal line states and the nearest cases'
-   URLs; otherwise it stays ``LOG000``. Rule findings carry the nearest cases too.
+4. Such a line then goes to the learned layer, fitted on the labelled corpus of real user reports
+   (:mod:`usg.doctor.logs.similar`, :mod:`usg.doctor.logs.model`): a linear model over its error
+   vocabulary, spelling, engine and values gives a class and a calibrated confidence; above the
+   abstain threshold it becomes ``LOG050`` with that class, the evidence its causal line states and
+   the nearest known cases' URLs; otherwise it stays ``LOG000``. Rule findings carry the nearest cases too.
 5. The same code with the same values seen again is merged into one finding with a count.
 6. :func:`root_error` picks the first root error of a long log (the first classified error that is
    not a generic cascade line such as "failed to load all models"); it is marked ``root_error``.
@@ -41,8 +42,8 @@ LEARNED = CodeInfo(
     Severity.ERROR,
     RootCause.UNCLASSIFIED,
     "error matched to known cases",
-    "no rule knows the message, but it is close to labelled real-world reports; the class is their "
-    "similarity-weighted vote, with a confidence and the nearest cases' URLs",
+    "no rule knows the message, but the model learned from labelled real-world reports recognises it; "
+    "the class comes with a calibrated confidence and the nearest known cases' URLs",
     also_severities=(Severity.WARNING,),
     also_root_causes=tuple(c for c in RootCause if c is not RootCause.UNCLASSIFIED),
 )

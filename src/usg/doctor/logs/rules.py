@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from importlib import import_module
 from typing import Any
 
 from usg.doctor.findings import Severity
@@ -385,6 +386,8 @@ def _triton_shape(m: re.Match[str]) -> Explained:
 
 
 from usg.doctor.logs import rules_engines  # noqa: E402,F401  (registers its rules)
+
+import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 
 RULES: tuple[LogRule, ...] = rules()
 

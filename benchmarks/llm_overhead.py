@@ -1,0 +1,221 @@
+"""USG's overhead in front of a generation engine, against calling the engine directly, same run.
+
+Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here) and one
+``usg serve`` of a two-node graph (``usg.ops.llm:chat`` → ``backend: openai``) in front of it, then:
+
+1. latency: text-only questions one at a time, alternating direct / USG (``POST /v1/infer``),
+   the direct call being the very chat completion USG sends (streamed, as USG asks for it);
+2. time to first token: the same alternation, streamed (``"stream": true``; the first ``token``
+   event vs the engine's first content delta);
+3. throughput: ``--clients`` concurrent clients, each sending ``--per-client`` questions, direct
+   then through USG (``max_inflight`` = clients, so USG holds nothing back).
+
+Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
+token) and the throughput ratio (target ≥ 0.95×). Greedy decoding: both paths generate the
+same tokens. Run: ``python benchmarks/llm_overhead.py`` (needs ``usg[llm-engine]``, torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "resources"), str(ROOT / "tests" / "resources" / "serve")]
+
+from harness import start_server  # noqa: E402
+from llm_engine import build_tiny_llama, start_engine  # noqa: E402
+
+from usg.ops.llm import chat  # noqa: E402
+
+GRAPH = """
+name: ask
+inputs:
+  question: {{modality: text}}
+models:
+  llm:
+    backend: openai
+    options: {{url: '{url}', model: '{model}', max_tokens: {max_tokens}, max_inflight: {inflight}, timeout_s: 300}}
+nodes:
+  prompt:
+    fn: usg.ops.llm:chat
+    inputs: {{question: inputs.question}}
+    options: {{system: "Be brief.", user: "Question: {{question}}"}}
+  answer: {{model: llm, inputs: {{messages: prompt.messages}}}}
+outputs:
+  answer: answer.text
+"""
+
+QUESTION = "What is the total amount due on this invoice?"
+
+
+def _direct_body(model: str, max_tokens: int, question: str) -> dict[str, Any]:
+    messages = chat(system="Be brief.", user="Question: {question}", question=question)["messages"]
+    return {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def _direct(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
+    """(total s, time to first content delta s) of one streamed chat completion."""
+    t0 = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if first is None and line.startswith("data: ") and '"content"' in line:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return end - t0, (first or end) - t0
+
+
+def _usg(client: httpx.Client, url: str, question: str, stream: bool) -> tuple[float, float]:
+    """(total s, time to the first token event s) of one USG request; non-streamed: (total s,
+    total minus the LLM node's time, i.e. USG's own share outside the engine call)."""
+    t0 = time.perf_counter()
+    if not stream:
+        resp = client.post(f"{url}/v1/infer", json={"inputs": {"question": question}})
+        resp.raise_for_status()
+        end = time.perf_counter()
+        return end - t0, end - t0 - resp.json()["node_ms"]["answer"] / 1e3
+    first = None
+    with client.stream("POST", f"{url}/v1/infer", json={"inputs": {"question": question}, "stream": True}) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if first is None and line == "event: token":
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return end - t0, (first or end) - t0
+
+
+def _alternate(n: int, direct: Any, usg: Any) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    d: list[tuple[float, float]] = []
+    u: list[tuple[float, float]] = []
+    for i in range(n):  # alternate the order so drift hits both sides alike
+        if i % 2:
+            d.append(direct())
+            u.append(usg())
+        else:
+            u.append(usg())
+            d.append(direct())
+    return d, u
+
+
+async def _throughput(clients: int, per_client: int, send: Any) -> tuple[int, float]:
+    """(questions answered, seconds) of ``clients`` closed-loop clients."""
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients)) as client:
+
+        async def worker(k: int) -> None:
+            for i in range(per_client):
+                await send(client, f"{QUESTION} ({k}.{i})")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(clients)))
+        return clients * per_client, time.perf_counter() - t0
+
+
+def _p50_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=40, help="sequential questions per side (latency, TTFT)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="llm-overhead-"))
+    print("building the tiny model and starting transformers serve ...", flush=True)
+    engine = start_engine(build_tiny_llama(tmp / "model"), tmp / "engine.log")
+    usg_server = None
+    try:
+        eurl = f"http://127.0.0.1:{engine.port}"
+        model = httpx.get(f"{eurl}/v1/models").json()["data"][0]["id"]
+        graph = tmp / "graph.yaml"
+        graph.write_text(GRAPH.format(url=eurl, model=model, max_tokens=args.max_tokens, inflight=args.clients))
+        usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
+        uurl = usg_server.url
+        body = _direct_body(model, args.max_tokens, QUESTION)
+        with httpx.Client(timeout=300) as client:
+            for _ in range(3):  # warm both paths (first generation, connections)
+                _direct(client, eurl, body)
+                _usg(client, uurl, QUESTION, stream=True)
+            print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
+            d_lat, u_lat = _alternate(
+                args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, False)
+            )
+            print(f"time to first token: {args.requests} streamed questions per side ...", flush=True)
+            d_tt, u_tt = _alternate(
+                args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, True)
+            )
+
+        async def send_direct(client: httpx.AsyncClient, q: str) -> None:
+            direct = _direct_body(model, args.max_tokens, q)
+            async with client.stream("POST", f"{eurl}/v1/chat/completions", json=direct) as r:
+                r.raise_for_status()
+                async for _ in r.aiter_bytes():
+                    pass
+
+        async def send_usg(client: httpx.AsyncClient, q: str) -> None:
+            (await client.post(f"{uurl}/v1/infer", json={"inputs": {"question": q}})).raise_for_status()
+
+        print(
+            f"throughput: {args.clients} concurrent clients x {args.per_client} questions per side and round, "
+            "2 rounds (direct, USG, USG, direct) ...",
+            flush=True,
+        )
+        totals = {"direct": [0, 0.0], "usg": [0, 0.0]}
+        for side in ("direct", "usg", "usg", "direct"):
+            done, secs = asyncio.run(
+                _throughput(args.clients, args.per_client, send_direct if side == "direct" else send_usg)
+            )
+            totals[side][0] += done
+            totals[side][1] += secs
+        direct_rps = totals["direct"][0] / totals["direct"][1]
+        usg_rps = totals["usg"][0] / totals["usg"][1]
+        n = int(totals["usg"][0])
+    finally:
+        if usg_server is not None:
+            usg_server.stop()
+        engine.stop()
+
+    lat_d, lat_u = _p50_ms([t for t, _ in d_lat]), _p50_ms([t for t, _ in u_lat])
+    tt_d, tt_u = _p50_ms([f for _, f in d_tt]), _p50_ms([f for _, f in u_tt])
+    paired = statistics.median([(u[0] - d[0]) * 1e3 for d, u in zip(d_lat, u_lat, strict=True)])
+    paired_tt = statistics.median([(u[1] - d[1]) * 1e3 for d, u in zip(d_tt, u_tt, strict=True)])
+    own = _p50_ms([o for _, o in u_lat])
+    print()
+    print(f"{'measure':<38}{'direct':>10}{'via USG':>10}{'added':>10}{'target':>10}")
+    print(
+        f"{'p50 latency, text-only question (ms)':<38}{lat_d:>10.1f}{lat_u:>10.1f}{lat_u - lat_d:>+10.1f}{'<= 3':>10}"
+    )
+    print(f"{'p50 time to first token (ms)':<38}{tt_d:>10.1f}{tt_u:>10.1f}{tt_u - tt_d:>+10.1f}{'<= 3':>10}")
+    print(f"{'median paired difference, latency (ms)':<38}{'':>10}{'':>10}{paired:>+10.1f}")
+    print(f"{'median paired difference, TTFT (ms)':<38}{'':>10}{'':>10}{paired_tt:>+10.1f}")
+    print(f"{'p50 USG time outside the engine call':<38}{'':>10}{'':>10}{own:>+10.1f}{'<= 3':>10}")
+    print(
+        f"{f'throughput, {args.clients} clients (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
+        f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
+    )
+    print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU)")
+    print(
+        "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
+        "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Streaming VAD: many real-time 16 kHz streams, USG sessions (VAD batched across streams) vs
+silero's own per-stream loop (``silero_vad.VADIterator`` on ``OnnxWrapper``, same ONNX Runtime
+and ONNX file). Prints measured figures (same run); no pass/fail.
+
+Each stream sends 32 ms chunks (512 samples, PCM) of espeak-ng speech at real-time pace (stream
+``i`` starts at a random phase within one chunk). Latency of a chunk = when its result came out
+minus when the chunk was due (its capture time). USG: ``examples/speech_stream/graph.yaml`` in
+the in-process executor, one :class:`usg.stream.Session` per stream (the silero node is a stateful
+model, ``batch.max_size`` 64). Baseline: per stream its own ``VADIterator`` (all sharing one
+``OnnxWrapper`` session, each with its own state), each chunk run on a 2-thread pool (2 cores),
+a stream's chunks one after the other — silero's documented streaming loop, served as a server
+would. For each system the stream count is stepped up; "sustains" = the most streams whose
+p95 chunk-to-event latency stays <= --p95-ms. Then memory per idle session (tracemalloc) and
+1,000 idle sessions open.
+
+Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 4,8,12,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import gc
+import subprocess
+import tempfile
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from usg.errors import Overloaded
+from usg.graph import load_graph
+from usg.ops.audio import decode_audio
+from usg.runtime import Executor
+from usg.stream import SessionLimits, SessionManager
+
+GRAPH = Path(__file__).resolve().parents[1] / "examples" / "speech_stream" / "graph.yaml"
+RATE, CHUNK = 16_000, 512
+CHUNK_S = CHUNK / RATE
+
+
+def speech() -> np.ndarray:
+    """~9 s: espeak-ng phrases separated by silence, at 16 kHz."""
+    parts = [np.zeros(RATE // 2, np.float32)]
+    with tempfile.TemporaryDirectory() as d:
+        for i, text in enumerate(["the quick brown fox jumps over the lazy dog", "seven hundred and forty two apples"]):
+            wav = Path(d) / f"{i}.wav"
+            subprocess.run(["espeak-ng", "-v", "en", "-s", "150", "-w", str(wav), text], check=True)
+            parts += [decode_audio(wav), np.zeros(RATE, np.float32)]
+    x = np.concatenate(parts)
+    return (np.round(x * 32767) / 32767).astype(np.float32)  # what a PCM16 client sends
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95)) if values else float("nan")
+
+
+async def _paced(n: int, seconds: float, audio: np.ndarray, handle: Any) -> list[float]:
+    """Run ``n`` real-time streams for ``seconds``; ``handle(i, k, chunk, due)`` returns latency (s)."""
+    loop = asyncio.get_running_loop()
+    rng = np.random.default_rng(0)
+    phases = rng.uniform(0, CHUNK_S, n)
+    offsets = rng.integers(0, audio.shape[0] // CHUNK, n)
+    n_chunks = int(seconds / CHUNK_S)
+    t0 = loop.time() + 0.2
+    lat: list[float] = []
+
+    async def stream(i: int) -> None:
+        for k in range(n_chunks):
+            due = t0 + phases[i] + k * CHUNK_S
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            j = (int(offsets[i]) + k) % (audio.shape[0] // CHUNK)
+            await handle(i, k, audio[j * CHUNK : (j + 1) * CHUNK], due, lat)
+
+    await asyncio.gather(*(stream(i) for i in range(n)))
+    warm = int(1.0 / CHUNK_S) * n  # drop the first second of each run (approximately)
+    return lat[warm:] if len(lat) > 2 * warm else lat
+
+
+async def run_usg(n: int, seconds: float, audio: np.ndarray, executor: Executor) -> dict[str, float]:
+    limits = SessionLimits(max_sessions=max(4096, n), max_chunks_per_s=1000, burst=1000)
+    loop = asyncio.get_running_loop()
+    async with SessionManager(executor, limits) as manager:
+        sessions = [manager.open() for _ in range(n)]
+        due_of: list[dict[int, float]] = [{} for _ in range(n)]
+        lat: list[float] = []
+
+        async def reader(i: int) -> None:
+            async for event in sessions[i].events():
+                if event["type"] == "error":
+                    raise RuntimeError(event)
+                if event["type"] != "result":
+                    continue
+                now = loop.time()
+                for seq in range(event.get("first_seq", event["seq"]), event["seq"] + 1):
+                    due = due_of[i].pop(seq, None)  # None: the flush run at close
+                    if due is not None:
+                        lat.append(now - due)
+
+        readers = [asyncio.create_task(reader(i)) for i in range(n)]
+
+        dropped = 0
+
+        async def handle(i: int, k: int, chunk: np.ndarray, due: float, _: list[float]) -> None:
+            nonlocal dropped
+            try:
+                seq = sessions[i].send("audio", chunk, ts_ms=due * 1e3)
+            except Overloaded:  # the session is max_pending_chunks behind: it does not keep up
+                dropped += 1
+                return
+            due_of[i][seq] = due
+
+        cpu0 = time.process_time()
+        await _paced(n, seconds, audio, handle)
+        await asyncio.gather(*(s.close() for s in sessions))
+        await asyncio.gather(*readers)
+        cpu = time.process_time() - cpu0  # until every chunk ran: the CPU the stream-seconds cost
+    warm = int(1.0 / CHUNK_S) * n
+    kept = lat[warm:] if len(lat) > 2 * warm else lat
+    p95_ms = p95(kept) * 1e3 if not dropped else float("inf")
+    return {
+        "streams": n,
+        "p95_ms": p95_ms,
+        "p50_ms": float(np.median(kept)) * 1e3,
+        "chunks": len(lat),
+        "dropped": dropped,
+        "cpu_ms_per_stream_s": cpu * 1e3 / (n * seconds),
+    }
+
+
+async def run_silero(n: int, seconds: float, audio: np.ndarray, pool: ThreadPoolExecutor) -> dict[str, float]:
+    import silero_vad
+    import torch
+
+    torch.set_num_threads(1)
+    base = silero_vad.load_silero_vad(onnx=True)
+    iterators = []
+    for _ in range(n):
+        model = copy.copy(base)  # the same ORT session, this stream's own state
+        model.reset_states()
+        iterators.append(silero_vad.VADIterator(model, sampling_rate=RATE))
+    locks = [asyncio.Lock() for _ in range(n)]
+    loop = asyncio.get_running_loop()
+
+    async def handle(i: int, k: int, chunk: np.ndarray, due: float, lat: list[float]) -> None:
+        async def one() -> None:
+            async with locks[i]:  # a stream's chunks one after the other
+                await loop.run_in_executor(pool, iterators[i], torch.from_numpy(chunk))
+                lat.append(loop.time() - due)
+
+        tasks.add(t := asyncio.create_task(one()))
+        t.add_done_callback(tasks.discard)
+
+    tasks: set[asyncio.Task[None]] = set()
+    cpu0 = time.process_time()
+    lat = await _paced(n, seconds, audio, handle)
+    while tasks:
+        await asyncio.sleep(0.01)
+    cpu = time.process_time() - cpu0
+    return {
+        "streams": n,
+        "p95_ms": p95(lat) * 1e3,
+        "p50_ms": float(np.median(lat)) * 1e3,
+        "chunks": len(lat),
+        "cpu_ms_per_stream_s": cpu * 1e3 / (n * seconds),
+    }
+
+
+def sustained(rows: list[dict[str, float]], target_ms: float) -> int:
+    ok = [int(r["streams"]) for r in rows if r["p95_ms"] <= target_ms]
+    return max(ok) if ok else 0
+
+
+async def memory(executor: Executor, audio: np.ndarray, count: int) -> dict[str, float]:
+    """tracemalloc bytes per idle session: opened and sent one chunk (state allocated), then idle."""
+    limits = SessionLimits(max_sessions=count + 16, idle_timeout_s=3600)
+    async with SessionManager(executor, limits) as manager:
+        warm = manager.open()
+        warm.send("audio", audio[:CHUNK], 0.0)
+        await warm.next_event(30)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        sessions = [manager.open() for _ in range(count)]
+        fresh = tracemalloc.take_snapshot()
+        for s in sessions:
+            s.send("audio", audio[:CHUNK], 0.0)
+        for s in sessions:
+            await s.next_event(60)
+        await asyncio.sleep(0.05)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+
+        def total(a: Any, b: Any) -> float:
+            return sum(st.size_diff for st in a.compare_to(b, "filename"))
+
+        out = {
+            "sessions": count,
+            "open_bytes_per_session": total(fresh, before) / count,
+            "idle_bytes_per_session": total(after, before) / count,
+            "open": len(manager.sessions),
+        }
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--p95-ms", type=float, default=100.0)
+    ap.add_argument("--streams", default="4,8,12,16,24,32,48,64,96,128,192")
+    ap.add_argument("--idle-sessions", type=int, default=1000)
+    args = ap.parse_args()
+    audio = speech()
+    graph = load_graph(GRAPH).without_cache()
+    pool = ThreadPoolExecutor(2, thread_name_prefix="silero")
+    usg_rows: list[dict[str, float]] = []
+    silero_rows: list[dict[str, float]] = []
+    async with Executor(graph, timeout_s=120) as executor:
+        # the two systems alternate, step by step, so both see the machine's load of the moment
+        for n in (int(v) for v in args.streams.split(",")):
+            for name, rows in (("usg", usg_rows), ("silero", silero_rows)):
+                if rows and rows[-1]["p95_ms"] > 3 * args.p95_ms:
+                    continue  # this system stopped keeping up
+                if name == "usg":
+                    row = await run_usg(n, args.seconds, audio, executor)
+                else:
+                    row = await run_silero(n, args.seconds, audio, pool)
+                rows.append(row)
+                print(
+                    f"{name:7s} streams={n:4d}  p50={row['p50_ms']:7.1f} ms  p95={row['p95_ms']:7.1f} ms  "
+                    f"chunks={row['chunks']}  dropped (session behind) {row.get('dropped', 0)}  "
+                    f"CPU {row['cpu_ms_per_stream_s']:.1f} ms per stream-second",
+                    flush=True,
+                )
+            if all(rows and rows[-1]["p95_ms"] > 3 * args.p95_ms for rows in (usg_rows, silero_rows)):
+                break
+        mem = await memory(executor, audio, args.idle_sessions)
+    pool.shutdown()
+    u, s = sustained(usg_rows, args.p95_ms), sustained(silero_rows, args.p95_ms)
+    at64 = next((r for r in usg_rows if r["streams"] == 64), None)
+    print()
+    if at64 is not None:
+        print(f"64 streams, USG sessions: p95 chunk-to-event {at64['p95_ms']:.1f} ms (target <= {args.p95_ms:g})")
+    print(
+        f"streams sustained at p95 <= {args.p95_ms:g} ms: usg {u}, silero per-stream loop {s}, "
+        f"ratio {u / s if s else float('inf'):.2f}x (target >= 3x)"
+    )
+    cu = min(r["cpu_ms_per_stream_s"] for r in usg_rows)
+    cs = min(r["cpu_ms_per_stream_s"] for r in silero_rows)
+    print(
+        "CPU per stream-second of audio (process time until every chunk ran, lowest of the sweep): "
+        f"usg {cu:.1f} ms, silero loop {cs:.1f} ms; "
+        f"ratio {cs / cu:.2f}x; streams 2 cores could carry at that cost: usg {2000 / cu:.0f}, silero {2000 / cs:.0f}"
+    )
+    print(
+        f"memory: {mem['open_bytes_per_session'] / 1024:.1f} KiB per opened session, "
+        f"{mem['idle_bytes_per_session'] / 1024:.1f} KiB per idle session after one chunk "
+        f"(target <= 64 KiB); {mem['open']} sessions open at once"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,202 @@
+"""Reading an OpenAI-compatible engine's streamed chat completion (``"stream": true``): Server-Sent
+Events of ``chat.completion.chunk`` objects, ended by a ``finish_reason`` (and usage) and, on
+most engines, ``data: [DONE]``.
+
+:func:`read_chat_stream` forwards each content delta as it arrives and fails clearly, never
+hangs: a line that is not an SSE field or a ``data:`` that is not JSON is a malformed stream; an
+``{"error": ...}`` chunk is the engine's error; a stream that ends (or whose connection drops)
+before a ``finish_reason`` or ``[DONE]`` is cut off. Silence is bounded by the HTTP client's read
+timeout. :class:`CallRecorder` notes what one engine request did, as a :class:`EngineCall`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from usg.errors import BackendError
+from usg.records import EngineCall
+
+__all__ = ["MAX_LINE_BYTES", "CallRecorder", "read_chat_stream", "sse_data", "stream_cut"]
+
+#: longest SSE line accepted from an engine (one chunk is a few hundred bytes)
+MAX_LINE_BYTES = 1 << 20
+
+
+class CallRecorder:
+    """What one request to the engine did: its status and id, token arrival times, usage."""
+
+    def __init__(self, model: str, url: str) -> None:
+        self.model, self.url = model, url
+        self.start = time.perf_counter()
+        self.status = 0
+        self.request_id = ""
+        self.first: float | None = None
+        self._last = 0.0
+        self.gaps: list[float] = []
+        self.deltas = 0
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+
+    def answered(self, status: int, headers: Any) -> None:
+        self.status = status
+        self.request_id = str(headers.get("x-request-id") or "")
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self._last)
+        self._last = now
+        self.deltas += 1
+
+    def chunk(self, doc: dict[str, Any]) -> None:
+        """Usage, finish reason and the completion's id from one chunk (or a whole completion)."""
+        if not self.request_id and isinstance(doc.get("id"), str):
+            self.request_id = doc["id"]
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                self.completion_tokens = usage["completion_tokens"]
+        choices = doc.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            self.finish_reason = str(choices[0]["finish_reason"])
+
+    def record(self) -> EngineCall:
+        return EngineCall(
+            model=self.model,
+            url=self.url,
+            engine_request_id=self.request_id,
+            status=self.status,
+            start=self.start,
+            end=time.perf_counter(),
+            first_token=self.first,
+            token_gaps_s=tuple(self.gaps),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens if self.completion_tokens is not None else self.deltas,
+            finish_reason=self.finish_reason,
+            error=self.error,
+        )
+
+
+async def _lines(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[bytes]:
+    """Lines of a byte stream (``\\n`` or ``\\r\\n``), each at most :data:`MAX_LINE_BYTES`; a last
+    line without its newline is yielded too (the caller sees the event it opens as unfinished)."""
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        while True:
+            cut = buf.find(b"\n")
+            if cut < 0:
+                break
+            line, buf = buf[:cut], buf[cut + 1 :]
+            yield line.removesuffix(b"\r")
+        if len(buf) > MAX_LINE_BYTES:
+            raise _bad_stream(f"{where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream")
+    if buf:
+        yield buf
+
+
+async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[str]:
+    """The ``data`` of each complete SSE event (lines joined with newlines); comments, ``event:``,
+    ``id:`` and ``retry:`` fields are skipped; any other line is a malformed stream."""
+    data: list[str] = []
+    async for raw in _lines(chunks, where):
+        line = raw.decode("utf-8", errors="replace")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        field, sep, value = line.partition(":")
+        if field == "":
+            continue  # a comment (keep-alive)
+        if field == "data":
+            data.append(value.removeprefix(" "))
+        elif field not in ("event", "id", "retry") or not sep:
+            raise _bad_stream(
+                f"{where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
+                "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
+            )
+    if data:
+        raise stream_cut(where, "in the middle of an event")
+
+
+def _bad_stream(message: str) -> BackendError:
+    """The engine broke the protocol: a 502 (a bad gateway, not our fault nor the client's)."""
+    err = BackendError(message)
+    err.status = 502
+    return err
+
+
+def stream_cut(where: str, how: str) -> BackendError:
+    err = BackendError(
+        f"{where}: the engine's stream ended {how}, before the answer finished (no finish_reason or [DONE]); "
+        "fix: check the engine's log (it may have crashed, restarted or hit a proxy timeout)"
+    )
+    err.status = 502
+    return err
+
+
+def _malformed(where: str, data: str, why: str) -> BackendError:
+    return _bad_stream(
+        f"{where}: the engine sent a malformed stream chunk ({why}): {data[:200]!r}; "
+        "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
+    )
+
+
+def _delta_text(doc: dict[str, Any], where: str, data: str) -> str:
+    choices = doc.get("choices")
+    if choices is None or choices == []:
+        return ""  # a usage-only chunk (vLLM's include_usage)
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise _malformed(where, data, "choices is not a list of objects")
+    if "delta" not in choices[0] and isinstance(choices[0].get("text"), str):
+        return str(choices[0]["text"])  # a streamed /v1/completions chunk carries its text directly
+    delta = choices[0].get("delta") or {}
+    if not isinstance(delta, dict):
+        raise _malformed(where, data, "choices[0].delta is not an object")
+    content = delta.get("content")
+    return content if isinstance(content, str) else ""
+
+
+async def read_chat_stream(
+    chunks: AsyncIterator[bytes], call: CallRecorder, on_token: Callable[[str], None] | None, where: str
+) -> str:
+    """The whole answer of a streamed chat completion; ``on_token`` gets each content delta as it
+    arrives. Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
+    parts: list[str] = []
+    done = False
+    async for data in sse_data(chunks, where):
+        if data.strip() == "[DONE]":
+            done = True
+            break
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise _malformed(where, data, "not JSON") from None
+        if not isinstance(doc, dict):
+            raise _malformed(where, data, "not a JSON object")
+        if "error" in doc:
+            err = doc["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
+            raised.status = 502
+            raise raised
+        call.chunk(doc)
+        text = _delta_text(doc, where, data)
+        if text:
+            call.token()
+            parts.append(text)
+            if on_token is not None:
+                on_token(text)
+    if not done and call.finish_reason is None:
+        raise stream_cut(where, f"after {call.deltas} token deltas")
+    return "".join(parts)

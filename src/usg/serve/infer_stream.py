@@ -1,0 +1,108 @@
+"""A request's execution events as a Server-Sent Events response (``/v1/infer`` with
+``"stream": true``, and Triton's ``generate_stream``), each protocol rendering the events its way.
+
+The first event is awaited before the response starts, so a request refused before any node
+ran (bad input, a digest mismatch) gets its ordinary HTTP status and JSON error body; an error
+after that is an error event, and the stream ends. Wire format of ``/v1``::
+
+    event: node     data: {"node": "det", "ms": 12.5}            one per node that ran
+    event: token    data: {"node": "answer", "text": "The"}      LLM token deltas, in order
+    event: result   data: {<the non-streaming response object>}  last event on success
+    event: error    data: {"status": 502, "error": ..., "message": ..., "node": ..., "request_id": ...}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any
+
+from usg.errors import USGError
+from usg.runtime.events import ExecutionEvent, Finished, NodeFinished, TokenDelta
+from usg.serve.context import ServeContext
+from usg.serve.errors import InternalError, rejection_reason, v1_error_body
+from usg.serve.sse import EventStreamResponse, sse_event
+
+__all__ = ["Renderer", "event_stream", "v1_renderer"]
+
+log = logging.getLogger("usg.serve")
+
+
+class Renderer:
+    """How one protocol writes events: ``event`` (None: not sent) and ``error``."""
+
+    def event(self, event: ExecutionEvent) -> bytes | None:
+        raise NotImplementedError
+
+    def error(self, exc: USGError) -> bytes:
+        raise NotImplementedError
+
+
+class _V1(Renderer):
+    def __init__(self, request_id: str) -> None:
+        self.rid = request_id
+
+    def event(self, event: ExecutionEvent) -> bytes | None:
+        if isinstance(event, TokenDelta):
+            return sse_event("token", {"node": event.node, "text": event.text})
+        if isinstance(event, NodeFinished):
+            return sse_event("node", {"node": event.node, "ms": round(event.ms, 3)})
+        return sse_event("result", {**event.result.to_json_dict(), "request_id": self.rid})
+
+    def error(self, exc: USGError) -> bytes:
+        return sse_event("error", {"status": exc.status, **v1_error_body(exc, self.rid)})
+
+
+def v1_renderer(request_id: str) -> Renderer:
+    return _V1(request_id)
+
+
+async def event_stream(
+    ctx: ServeContext,
+    raw: Mapping[str, Any],
+    request_id: str,
+    expected: Mapping[str, str] | None,
+    renderer: Renderer,
+    *,
+    headers: dict[str, str] | None = None,
+) -> EventStreamResponse:
+    """Start the request and answer with its events (see the module docstring)."""
+    events = ctx.stream(raw, request_id, expected)
+    first = await anext(events)  # an error here propagates: an ordinary HTTP error response
+    return EventStreamResponse(_chunks(first, events, renderer, lambda exc: _count(ctx, exc)), headers=headers)
+
+
+def _count(ctx: ServeContext, exc: USGError) -> None:
+    if exc.status >= 500 and exc.status not in (503, 504):
+        log.error("streamed request failed: %s", exc)
+    reason = rejection_reason(exc)
+    if reason is not None:
+        ctx.metrics.reject(reason)
+
+
+async def _chunks(
+    first: ExecutionEvent,
+    events: AsyncGenerator[ExecutionEvent, None],
+    renderer: Renderer,
+    on_error: Callable[[USGError], None],
+) -> AsyncGenerator[bytes, None]:
+    failure: USGError | None = None
+    try:
+        event = first
+        while True:
+            chunk = renderer.event(event)
+            if chunk is not None:
+                yield chunk
+            if isinstance(event, Finished):
+                return
+            event = await anext(events)
+    except USGError as exc:
+        failure = exc
+    except Exception as exc:  # a bug: logged with its traceback, sent without internals
+        log.exception("streamed request failed")
+        failure = InternalError(f"internal error ({type(exc).__name__})")
+    finally:
+        await events.aclose()  # cancels the request if the client went away
+    assert failure is not None
+    on_error(failure)
+    yield renderer.error(failure)

@@ -1,0 +1,110 @@
+"""Server-Sent Events out: the encoding of one event, and the ASGI response that streams them.
+
+:class:`EventStreamResponse` sends each chunk of an async iterator as it comes, a keep-alive
+comment when nothing was sent for ``heartbeat_s``, and watches for the client going away
+whatever the server's ASGI version: a disconnect cancels the producer (closing the iterator,
+so the request it streams is cancelled, and with it the engine's generation). The producer runs
+in the context of the handler that built the response (its trace parent included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["HEARTBEAT", "EventStreamResponse", "sse_data", "sse_event"]
+
+HEARTBEAT = b": keep-alive\n\n"
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def sse_event(event: str, data: Any) -> bytes:
+    """``event: NAME`` and one ``data:`` line of JSON (JSON has no raw newlines), then the blank line."""
+    return f"event: {event}\ndata: {_json(data)}\n\n".encode()
+
+
+def sse_data(data: Any) -> bytes:
+    """A ``data:``-only event (what Triton's ``generate_stream`` clients read)."""
+    return f"data: {_json(data)}\n\n".encode()
+
+
+class EventStreamResponse(Response):
+    """``text/event-stream`` of ``chunks``; ``on_close`` runs once when the stream ends for any
+    reason (the server uses it to free the request's in-flight slot)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        *,
+        headers: dict[str, str] | None = None,
+        heartbeat_s: float = 15.0,
+    ) -> None:
+        self.chunks = chunks
+        self.heartbeat_s = heartbeat_s
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+        self._context = contextvars.copy_context()
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        self._on_close.append(fn)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lock = asyncio.Lock()
+        last_sent = [time.monotonic()]
+
+        async def emit(body: bytes, more: bool = True) -> None:
+            async with lock:
+                await send({"type": "http.response.body", "body": body, "more_body": more})
+            last_sent[0] = time.monotonic()
+
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            producer = asyncio.create_task(self._pump(emit), context=self._context)
+            watchers = [asyncio.create_task(_disconnected(receive)), asyncio.create_task(self._beat(emit, last_sent))]
+            try:
+                await asyncio.wait([producer, watchers[0]], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (producer, *watchers):
+                    task.cancel()
+                await asyncio.gather(producer, *watchers, return_exceptions=True)
+        finally:
+            for fn in self._on_close:
+                fn()
+
+    async def _pump(self, emit: Callable[..., Any]) -> None:
+        async with contextlib.aclosing(self.chunks) as chunks:
+            async for chunk in chunks:
+                await emit(chunk)
+        await emit(b"", False)
+
+    async def _beat(self, emit: Callable[..., Any], last_sent: list[float]) -> None:
+        """A keep-alive comment whenever nothing was sent for ``heartbeat_s`` (proxies drop idle streams)."""
+        while True:
+            idle = time.monotonic() - last_sent[0]
+            if idle >= self.heartbeat_s:
+                await emit(HEARTBEAT)
+                continue
+            await asyncio.sleep(self.heartbeat_s - idle)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client goes away (the request body was read before the stream started)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
