@@ -101,9 +101,9 @@ def measure_ray(n: int = 10, requests: int = 300, warmup: int = 30) -> dict[str,
 
         chain_us, single_us = asyncio.run(run())
     finally:
-        serve.shutdown()
-        import ray
+        from usg.scale.ray_app import stop_private_ray
 
-        ray.shutdown()
+        serve.shutdown()
+        stop_private_ray()
     c50 = float(np.percentile(chain_us, 50))
     return {"chain_p50_us": c50, "per_hop_us": c50 / n, "single_call_p50_us": float(np.percentile(single_us, 50))}

@@ -138,12 +138,23 @@ def shutdown_ray() -> None:
                 names = []
             for name in names:
                 serve.delete(name)
-        children = _ray_children() if _started_here else []
-        ray.shutdown()
-        _reap(children)
+        if _started_here:
+            stop_private_ray()
+        else:
+            ray.shutdown()
     _started_here = False
     while _auth_set_here:
         os.environ.pop(_auth_set_here.pop(), None)
+
+
+def stop_private_ray() -> None:
+    """``ray.shutdown()`` of a Ray this process started, then wait for its processes (raylet, GCS,
+    ...) so none is left running with an unwaited ``Popen`` (see :func:`_reap`)."""
+    import ray
+
+    children = _ray_children()
+    ray.shutdown()
+    _reap(children)
 
 
 def _ray_children() -> list[Any]:

@@ -168,13 +168,13 @@ class RayServeTarget:
     async def aclose(self) -> None:
         if self._handle is None:
             return
-        import ray
-
         serve = _import_serve()
 
         def stop() -> None:
+            from usg.scale.ray_app import stop_private_ray
+
             serve.shutdown()
-            ray.shutdown()
+            stop_private_ray()
 
         await asyncio.to_thread(stop)
         self._handle = None
