@@ -30,7 +30,7 @@ from usg.graph.model import OUT_ALIAS, Graph, NodeDef, Ref, model_output, wireab
 from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
-from usg.runtime.contract import check_model_inputs, model_input_specs
+from usg.runtime.contract import InputCheck, model_input_specs
 from usg.runtime.events import (
     EventSink,
     ExecutionEvent,
@@ -199,6 +199,7 @@ class Executor:
             )
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
         self._fn_opts: dict[str, dict[str, Any]] = {}  # the options each function accepts
+        self._checks: dict[str, InputCheck] = {}  # model node -> its input contract check
         self._fn_inline: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}
@@ -596,13 +597,15 @@ class Executor:
         as their deltas would interleave)."""
         assert node.model is not None
         runner = self._runners[node.model]
-        specs = self._in_specs[node.model]
         out_names = self._out_names[node.model]
         stateful = self.graph.models[node.model].state is not None
+        check = self._checks.get(node.name)
+        if check is None:
+            check = self._checks[node.name] = InputCheck(node.name, node.model, self._in_specs[node.model])
 
         def prepare(item: dict[str, Any]) -> dict[str, Any]:
             item = {p: ([v] if isinstance(v, str) else v) for p, v in item.items()}
-            check_model_inputs(node.name, node.model or "", specs, item)
+            check(item)
             return item
 
         if not node.map:
