@@ -30,6 +30,20 @@ class Modality(enum.StrEnum):
     TENSOR = "tensor"
 
 
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    """``float32``, ``int64``..., ``str`` for strings and objects (numpy's ``dtype.name`` is slow:
+    it runs Python code on each access, and contracts are checked per item)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        if dtype.kind in ("U", "S", "O"):
+            return "str"  # not cached: one dtype per string length
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 @dataclass(frozen=True)
 class AudioSpec:
     """What an audio input is turned into: ``sample_rate`` Hz, ``channels`` (1 = mono mix), at most ``max_seconds``."""
@@ -149,7 +163,7 @@ class TensorSpec:
             else:
                 return [f"expected an array ({self.describe()}), got {type(value).__name__}"]
         out: list[str] = []
-        got_dtype = "str" if arr.dtype.kind in ("U", "S", "O") else arr.dtype.name
+        got_dtype = _dtype_name(arr.dtype)
         if self.dtype is not None and got_dtype != self.dtype:
             out.append(f"dtype {got_dtype}, expected {self.dtype}")
         if self.shape is not None:

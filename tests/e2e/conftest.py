@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resources" / "serve"))
 
 from harness import ROOT, SERVE_RESOURCES, Server, start_server
+from ray_head import Head, start_head, stop_head
 
 
 @pytest.fixture
@@ -57,3 +58,14 @@ def llm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     engine = start_engine(build_tiny_llama(root / "model"), root / "engine.log", probe=True)
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
+    """One ``ray start --head`` cluster (token authentication on) for the session's tests that join one."""
+    pytest.importorskip("ray.serve")
+    head = start_head(tmp_path_factory.mktemp("ray-head"))
+    try:
+        yield head
+    finally:
+        stop_head(head)

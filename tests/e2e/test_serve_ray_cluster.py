@@ -9,70 +9,33 @@ start a private local Ray instead of tripping over the running one.
 
 from __future__ import annotations
 
-import os
-import secrets
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from harness import ROOT, USG, start_server
 from procs import free_port
+from ray_head import CURRENT_CLUSTER, Head
 
 pytest.importorskip("ray.serve")
 
 GRAPH = ROOT / "examples" / "document_ocr" / "graph.yaml"
-CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start` notes its address
-
-
-@dataclass
-class Head:
-    proc: subprocess.Popen[bytes]
-    address: str
-    env: dict[str, str]  # HOME holding the cluster's token; no RAY_* settings
-    log: Path
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
-    tmp = tmp_path_factory.mktemp("ray-head")
-    home = tmp / "home"
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["HOME"] = str(home)
-    env.setdefault("USG_CACHE", "/tmp/usgcache")
-    port = free_port()
-    log = tmp / "head.log"
-    ray_cli = Path(sys.executable).parent / "ray"
-    cmd = [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while "Ray runtime started" not in log.read_text(errors="replace"):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
-        time.sleep(0.5)
-    try:
-        yield Head(proc, f"127.0.0.1:{port}", env, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` drains, then stops its processes
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if CURRENT_CLUSTER.exists() and CURRENT_CLUSTER.read_text().strip().endswith(f":{port}"):
-            CURRENT_CLUSTER.unlink()  # or a later plain ray.init() would try to join the dead head
+def head(ray_head: Head) -> Head:
+    """The session's ``ray start --head`` cluster (tests/resources/serve/ray_head.py)."""
+    return ray_head
 
 
 def test_joins_a_token_authenticated_cluster_and_leaves_it_running(head: Head, tmp_path: Path) -> None:
     assert "Token authentication is enabled" in head.log.read_text(errors="replace")  # what a plain join trips on
-    server = start_server(GRAPH, "--engine", "ray", "--ray-address", head.address, tmp=tmp_path, env=head.env)
+    server = start_server(
+        GRAPH, "--engine", "ray", "--ray-address", head.address, tmp=tmp_path, env=head.env, port=head.serve_port
+    )
     try:
         r = httpx.post(f"{server.url}/v1/infer", json={"inputs": {"text": "total due"}}, timeout=120)
         assert r.status_code == 200, r.text
@@ -118,7 +81,7 @@ def test_without_an_address_a_private_local_ray_starts(head: Head) -> None:
 def test_a_serve_proxy_already_elsewhere_is_named_with_the_fix(head: Head) -> None:
     """Serve keeps one proxy address per cluster: asking for another port must not claim a dead URL."""
     started = subprocess.run(
-        [sys.executable, "-c", _START_SERVE.format(address=head.address, port=free_port())],
+        [sys.executable, "-c", _START_SERVE.format(address=head.address, port=head.serve_port)],
         env=head.env,
         capture_output=True,
         text=True,

@@ -239,3 +239,56 @@ def test_a_reader_that_stops_reading_is_cut_off(tmp_path: Path) -> None:
         assert events[0]["outputs"] == {"echo": "hi", "length": 2} and events[-1]["type"] == "closed"
     finally:
         s.stop()
+
+
+@pytest.mark.slow
+def test_sessions_under_the_ray_engine_give_the_events_of_the_embedded_engine(
+    server: Server, talk: Path, ray_head: Any, tmp_path: Path
+) -> None:
+    """``usg serve --engine ray`` joined to the session's Ray cluster: silero runs in its own deployment
+    (each chunk's state goes to any replica with the chunk and comes back with the reply), the VAD
+    segmenter (a stream node) in the router's session; concurrent sessions see the embedded server's events."""
+    import httpx
+
+    x, _ = sf.read(talk, dtype="int16")
+    embedded = asyncio.run(_stream(_url(server), x))
+    args = [a for limit in LIMITS for a in ("--stream-limit", limit)]
+    ray = start_server(
+        GRAPH,
+        "--engine",
+        "ray",
+        "--ray-address",
+        ray_head.address,
+        *args,
+        tmp=tmp_path,
+        env=ray_head.env,
+        port=ray_head.serve_port,
+    )
+    try:
+
+        async def run() -> list[list[dict[str, Any]]]:
+            return list(await asyncio.gather(*(_stream(_url(ray), x) for _ in range(3))))
+
+        sessions = asyncio.run(run())
+        metrics = httpx.get(f"{ray.url}/metrics", timeout=30).text
+    finally:
+        code = ray.stop()
+    assert code == 0, ray.output()[-3000:]
+    assert "model-silero, router" in " ".join(ray.output().split())
+
+    def speech(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # which waiting chunks ran as one (seq, first_seq) depends on timing; the rest may not
+        return [
+            {k: v for k, v in e.items() if k not in ("seq", "first_seq")}
+            for e in events
+            if e["type"].startswith("speech")
+        ]
+
+    assert [e["type"] for e in speech(embedded)] == ["speech_start", "speech_end"] * 2
+    for events in sessions:
+        assert speech(events) == speech(embedded)  # sample, stream_ms, ts_ms, input
+        assert [e["type"] for e in events if e["type"] not in ("result", "speech_start", "speech_end")] == ["closed"]
+        assert events[-1] == embedded[-1]  # closed by the client after the same number of chunks
+    # the windows crossed to the model's deployment, and the replies came back (state included)
+    assert 'direction="request",target="model-silero"' in metrics
+    assert 'direction="reply",target="model-silero"' in metrics

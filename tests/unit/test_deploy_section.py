@@ -191,6 +191,29 @@ def test_deployment_plan_puts_router_models_and_plain_nodes_in_the_router() -> N
     assert set(plan) == {"model-m", "router"} and plan["router"].runs_in_router == ("node split",)
 
 
+def test_a_stream_node_in_a_deployment_of_its_own_is_refused_with_the_fix() -> None:
+    """Its per-session state (``session_state``) lives in the router's session; a model's state travels."""
+    from usg.scale.ray_options import deployment_plan
+    from usg.specs import AudioSpec
+
+    b = (
+        GraphBuilder("s")
+        .input("audio", "audio", audio=AudioSpec(sample_rate=16000, channels=1, max_seconds=60))
+        .node("windows", fn="usg.ops.vad_stream:vad_windows", inputs={"audio": "inputs.audio"})
+        .node("split", fn="testops:split_rows", map=["x"], inputs={"x": "windows.frames"})
+        .output("w", "windows.frames")
+        .output("items", "split.items")
+    )
+    ok = {d.name for d in deployment_plan(b.deploy({"nodes": {"split": {"own_deployment": True}}}).build())}
+    assert ok == {"node-split", "router"}
+    with pytest.raises(GraphError) as info:
+        deployment_plan(b.deploy({"nodes": {"windows": {"own_deployment": True}}}).build())
+    [problem] = info.value.problems
+    assert problem.where == "deploy.nodes.windows.own_deployment"
+    assert "stream node (it takes session_state, ts_ms, flush)" in problem.message
+    assert "remove deploy.nodes.windows.own_deployment" in problem.fix
+
+
 def test_a_node_run_elsewhere_is_not_imported_in_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
     """Its own deployment may hold dependencies the router's node lacks."""
     from usg.runtime import executor as executor_mod

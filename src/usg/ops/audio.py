@@ -10,6 +10,7 @@ computes Whisper-style log-mel features (Hann window, power STFT, Slaney mel fil
 from __future__ import annotations
 
 import io
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from usg.ops.audio_av import AV_FORMATS, decode_av, sniff_container
 from usg.ops.signature import op
 from usg.specs import AudioSpec, TensorSpec
 
-__all__ = ["decode_audio", "frame_audio", "frames", "log_mel", "mel_filters"]
+__all__ = ["all_finite", "decode_audio", "frame_audio", "frames", "log_mel", "mel_filters"]
 
 
 def _soundfile() -> Any:
@@ -134,11 +135,17 @@ def _check_seconds(field: str, seconds: float, spec: AudioSpec) -> None:
         )
 
 
+def all_finite(arr: np.ndarray) -> bool:
+    """No NaN or infinity in float samples: their float64 sum is finite (float32 values cannot
+    add up to an overflow there), one reduction instead of a boolean array and its ``all``."""
+    return math.isfinite(np.add.reduce(arr, axis=None, dtype=np.float64))
+
+
 def _from_array(arr: np.ndarray, field: str, spec: AudioSpec, rate: int, label: str) -> np.ndarray:
     if arr.ndim == 1 and arr.dtype == np.float32 and arr.shape[0] and spec.channels == 1 and rate == spec.sample_rate:
         # mono float32 at the input's rate (a streaming chunk): only the checks, no copies
         _check_seconds(field, arr.shape[0] / rate, spec)
-        if not np.isfinite(arr).all():
+        if not all_finite(arr):
             raise InputError(f"{field}: {label} has NaN or infinite samples", field=field, fix="send finite samples")
         return np.ascontiguousarray(arr)
     if arr.ndim == 1:

@@ -11,7 +11,7 @@ import numpy as np
 from usg.errors import ContractError
 from usg.specs import TensorSpec, merge_declared
 
-__all__ = ["check_model_inputs", "model_input_specs"]
+__all__ = ["InputCheck", "check_model_inputs", "model_input_specs"]
 
 
 def model_input_specs(
@@ -74,3 +74,28 @@ def check_model_inputs(node: str, model: str, specs: Mapping[str, TensorSpec], i
                             fix=f"inputs sharing the dim {dim!r} must agree; pad or truncate them together",
                         )
                     bound.setdefault(dim, (size, port))
+
+
+class InputCheck:
+    """:func:`check_model_inputs` for one node, skipped for inputs of a dtype and shape it passed
+    before (a stream's windows: the same shapes chunk after chunk). Only where no spec has a
+    ``range`` (which depends on the values); remembers a bounded number of signatures."""
+
+    _MAX_SEEN = 64
+
+    def __init__(self, node: str, model: str, specs: Mapping[str, TensorSpec]) -> None:
+        self.node, self.model, self.specs = node, model, specs
+        self.by_shape = all(spec.range is None for spec in specs.values())
+        self._seen: set[tuple[Any, ...]] = set()
+
+    def __call__(self, item: Mapping[str, Any]) -> None:
+        if not self.by_shape:
+            check_model_inputs(self.node, self.model, self.specs, item)
+            return
+        key = tuple((p, v.dtype, v.shape) if isinstance(v, np.ndarray) else (p, type(v)) for p, v in item.items())
+        if key in self._seen:
+            return
+        check_model_inputs(self.node, self.model, self.specs, item)
+        if len(self._seen) >= self._MAX_SEEN:
+            self._seen.clear()
+        self._seen.add(key)

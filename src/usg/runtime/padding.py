@@ -43,16 +43,18 @@ def next_size(size: int, pad: PadPolicy) -> int:
 
 
 def group_key(item: Mapping[str, Any], pad: PadPolicy | None) -> tuple[Any, ...]:
-    """Items with equal keys may share a batch."""
+    """Items with equal keys may share a batch (computed per item queued: kept lean)."""
     key: list[Any] = []
     for port in sorted(item):
         v = item[port]
-        if isinstance(v, np.ndarray) and v.ndim == 0:
-            key.append((port, v.dtype.str, v.item()))
-        elif isinstance(v, np.ndarray):
-            axes = _axes(pad, port)
-            dims = tuple(-1 if (a in axes) else d for a, d in enumerate(v.shape) if a > 0)
-            key.append((port, v.dtype.str, v.ndim, dims))
+        if isinstance(v, np.ndarray):
+            shape = v.shape
+            if not shape:
+                key.append((port, v.dtype.str, v.item()))
+                continue
+            axes = _axes(pad, port) if pad is not None else ()
+            dims = tuple(-1 if (a in axes) else d for a, d in enumerate(shape) if a > 0) if axes else shape[1:]
+            key.append((port, v.dtype.str, len(shape), dims))
         else:
             key.append((port, "list"))
     return tuple(key)
@@ -62,7 +64,11 @@ def item_length(item: Mapping[str, Any], pad: PadPolicy | None) -> int:
     """The item's size along its padded axes (product), used to order items by length."""
     if pad is None:
         # without padding, order by total size so similar items are adjacent
-        return int(sum(v.size for v in item.values() if isinstance(v, np.ndarray)))
+        total = 0
+        for v in item.values():
+            if isinstance(v, np.ndarray):
+                total += v.size
+        return total
     for port, v in sorted(item.items()):
         axes = _axes(pad, port)
         if axes and isinstance(v, np.ndarray):

@@ -4,6 +4,12 @@ Derived from the graph: ``deploy:`` gives replicas, autoscaling and resources (t
 ``openai`` models run in the router unless ``own_deployment: true``); a model's
 ``batch:`` policy and ``options.concurrency`` give how many requests a replica must be
 allowed to hold (enough to fill ``concurrency`` batches of ``max_size``).
+
+Streaming sessions place nodes by one rule: a stateful model's state travels with each chunk
+(an input of the call, an output of the reply), so its replicas need no session affinity; a
+*stream node* — a Python node whose function takes ``session_state``, ``ts_ms`` or ``flush``
+(:data:`usg.runtime.streams.STREAM_PARAMS`), e.g. the VAD segmenter — keeps per-session Python
+state in the router's session, so it runs in the router: ``own_deployment: true`` on one is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from usg.errors import GraphError, GraphProblem
 from usg.graph.deploy import DeployPolicy
 from usg.graph.model import Graph
 
@@ -23,6 +30,7 @@ __all__ = [
     "fn_options",
     "model_options",
     "router_options",
+    "stream_node_problems",
 ]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -83,8 +91,37 @@ class PlannedDeployment:
     runs_in_router: tuple[str, ...] = ()  # router only: models and Python nodes it runs itself
 
 
+def stream_node_problems(graph: Graph) -> list[GraphProblem]:
+    """Stream nodes marked ``own_deployment: true``: their per-session state lives in the router."""
+    from usg.callables import accepted_params, import_callable
+    from usg.runtime.streams import STREAM_PARAMS
+
+    problems = []
+    for name in graph.deploy.own_nodes:
+        node = graph.nodes.get(name)
+        if node is None or node.fn is None:
+            continue
+        names, _ = accepted_params(import_callable(node.fn))
+        taken = [p for p in STREAM_PARAMS if p in names]
+        if taken:
+            problems.append(
+                GraphProblem(
+                    f"deploy.nodes.{name}.own_deployment",
+                    f"node {name!r} (fn {node.fn}) is a stream node (it takes {', '.join(taken)}): its "
+                    "per-session state lives in the router's session, so it cannot run in a deployment of its own",
+                    f"remove deploy.nodes.{name}.own_deployment (stream nodes run in the router; a stateful "
+                    "model's state travels with each chunk, so the model keeps its own deployment)",
+                )
+            )
+    return problems
+
+
 def deployment_plan(graph: Graph, max_inflight: int = 64) -> list[PlannedDeployment]:
-    """Every deployment ``usg serve --engine ray`` creates for ``graph``, with its options."""
+    """Every deployment ``usg serve --engine ray`` creates for ``graph``, with its options;
+    GraphError when a stream node is placed outside the router (:func:`stream_node_problems`)."""
+    problems = stream_node_problems(graph)
+    if problems:
+        raise GraphError(problems, source=str(graph.source) if graph.source else None)
     used = [m for m in graph.models if any(n.model == m for n in graph.nodes.values())]
     in_router = set(graph.deploy.router_models) | {
         m for m in used if graph.models[m].backend in ROUTER_BACKENDS and graph.deploy.model(m).own_deployment is None

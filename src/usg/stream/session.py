@@ -28,12 +28,12 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from usg.errors import BackendError, InputError, Overloaded, PayloadTooLarge, StateError, USGError
+from usg.ops.audio import all_finite
 from usg.runtime import Executor
 from usg.runtime.result import to_jsonable
 from usg.runtime.streams import StreamState
@@ -46,9 +46,9 @@ _ids = itertools.count(1)
 log = logging.getLogger("usg.stream")
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """One chunk: the graph input it is for, its value, its capture time in ms, its number."""
+class Chunk(NamedTuple):
+    """One chunk: the graph input it is for, its value, its capture time in ms, its number
+    (a named tuple: one is built per chunk, and a frozen dataclass costs several times more)."""
 
     input: str
     value: Any
@@ -304,7 +304,7 @@ def _audio_chunk(name: str, value: Any) -> Any:
             field=name,
             fix="send mono float32 samples at the input's sample_rate, shape [samples] (or PCM16 frames over the wire)",
         )
-    if not np.isfinite(value).all():
+    if not all_finite(value):
         raise InputError(f"{name}: audio chunk has NaN or infinite samples", field=name, fix="send finite samples")
     return value
 

@@ -31,9 +31,12 @@ class Server(ServerProcess):
         raise AssertionError("no VmRSS")
 
 
-def start_server(graph: Path, *args: str, tmp: Path, env: Mapping[str, str] | None = None) -> Server:
-    """``usg serve graph *args`` on a free port, ready; ``env`` replaces the process environment."""
-    port = free_port()
+def start_server(
+    graph: Path, *args: str, tmp: Path, env: Mapping[str, str] | None = None, port: int | None = None
+) -> Server:
+    """``usg serve graph *args`` on ``port`` (default: a free one), ready; ``env`` replaces the
+    process environment."""
+    port = port or free_port()
     env = dict(os.environ if env is None else env)
     env.setdefault("USG_CACHE", "/tmp/usgcache")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SERVE_RESOURCES), env.get("PYTHONPATH")) if p)
