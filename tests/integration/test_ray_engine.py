@@ -397,9 +397,10 @@ outputs: {{answer: answer.text}}
 """
 
 
-@pytest.fixture(scope="module")
-def ask(ray_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Graph, Any]]:
-    """An LLM graph as a second application on the module's Ray: (its URL, the graph, its engine).
+@pytest.fixture(scope="module", params=["in-router", "own-deployment"])
+def ask(ray_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Ask]:
+    """An LLM graph as a second application on the module's Ray, its engine model in the router
+    (the default) or in its own deployment (``own_deployment: true``).
 
     The engine is the streaming fake OpenAI-compatible engine of the unit tier, one word per
     chunk (a real transformers serve and a Ray in one test would not fit CI's two cores; the
@@ -410,15 +411,26 @@ def ask(ray_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     from usg.scale.ray_app import deploy_graph
     from usg.serve.app import ServeConfig
 
+    own = request.param == "own-deployment"
     with RunningEngine(StreamingFakeEngine(token_delay_s=0.02)) as engine:
         graph_file = tmp_path_factory.mktemp("ask") / "ask.yaml"
-        graph_file.write_text(ASK.format(url=engine.url))
+        deploy = "deploy: {models: {llm: {own_deployment: true}}}\n" if own else ""
+        graph_file.write_text(ASK.format(url=engine.url) + deploy)
         g = load_graph(graph_file)
         port = int(ray_url.rsplit(":", 1)[1])
         try:
-            yield deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/ask", timeout_s=60), g, engine
+            url = deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/ask", timeout_s=60)
+            yield Ask(url, g, engine, own)
         finally:
             serve.delete(g.name)
+
+
+@dataclasses.dataclass
+class Ask:
+    url: str
+    graph: Graph
+    engine: Any
+    own_deployment: bool
 
 
 def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -431,13 +443,17 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
             event = "message"
 
 
-def test_llm_nodes_call_the_engine_from_the_router(ask: tuple[str, Graph, Any]) -> None:
-    """A ``backend: openai`` model runs in the router (the engine batches; no replica between)."""
+def test_llm_nodes_call_the_engine_from_the_router(ask: Ask) -> None:
+    """A ``backend: openai`` model runs in the router (the engine batches; no replica between),
+    unless it is given its own deployment."""
     from usg.scale.ray_options import deployment_plan
 
-    url, g, engine = ask
+    url, g, engine = ask.url, ask.graph, ask.engine
     plan = {d.name: d for d in deployment_plan(g)}
-    assert set(plan) == {"router"} and "model llm" in plan["router"].runs_in_router
+    if ask.own_deployment:
+        assert set(plan) == {"router", "model-llm"}
+    else:
+        assert set(plan) == {"router"} and "model llm" in plan["router"].runs_in_router
     sent = len(engine.bodies)
     r = httpx.post(f"{url}/v1/infer", json={"inputs": {"question": "2+2?"}}, timeout=60)
     assert r.status_code == 200, r.text
@@ -446,12 +462,12 @@ def test_llm_nodes_call_the_engine_from_the_router(ask: tuple[str, Graph, Any]) 
     assert body["model"] == "tiny" and body["max_tokens"] == 9
 
 
-def test_llm_tokens_stream_through_ray_serve_as_in_process(ask: tuple[str, Graph, Any]) -> None:
+def test_llm_tokens_stream_through_ray_serve_as_in_process(ask: Ask) -> None:
     """``"stream": true`` under Ray: the same events as the in-process executor, each token
     delta sent as the engine streams it (not buffered to the end), and ``generate_stream``."""
     from usg.runtime.events import Finished, NodeFinished, TokenDelta
 
-    url, g, _engine = ask
+    url, g = ask.url, ask.graph
     question = "one two three four five"
 
     async def local() -> list[tuple[str, str]]:
@@ -489,8 +505,8 @@ def test_llm_tokens_stream_through_ray_serve_as_in_process(ask: tuple[str, Graph
     assert parts == [t for e, t in expected if e == "token"] + [""]
 
 
-def test_a_client_leaving_a_stream_under_ray_cancels_the_engine_request(ask: tuple[str, Graph, Any]) -> None:
-    url, _g, engine = ask
+def test_a_client_leaving_a_stream_under_ray_cancels_the_engine_request(ask: Ask) -> None:
+    url, engine = ask.url, ask.engine
     before = engine.abandoned
     body = {"inputs": {"question": " ".join(["word"] * 200)}, "stream": True}
     with httpx.stream("POST", f"{url}/v1/infer", json=body, timeout=60) as resp:
@@ -503,4 +519,7 @@ def test_a_client_leaving_a_stream_under_ray_cancels_the_engine_request(ask: tup
         time.sleep(0.05)
     assert engine.inflight == 0
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
-    assert 'usg_llm_engine_inflight{model="llm"} 0.0' in metrics  # the router's slot was freed too
+    if not ask.own_deployment:
+        assert 'usg_llm_engine_inflight{model="llm"} 0.0' in metrics  # the router's slot was freed too
+    # the engine call was measured where it ran, and counted in the router's metrics either way
+    assert 'usg_llm_time_to_first_token_seconds_count{model="llm",node="answer"}' in metrics

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from usg.errors import BackendError
@@ -106,7 +106,7 @@ async def _lines(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[byte
         yield buf
 
 
-async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[str]:
+async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncGenerator[str, None]:
     """The ``data`` of each complete SSE event (lines joined with newlines); comments, ``event:``,
     ``id:`` and ``retry:`` fields are skipped; any other line is a malformed stream."""
     data: list[str] = []
