@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -460,6 +461,12 @@ def test_llm_nodes_call_the_engine_from_the_router(ask: Ask) -> None:
     assert r.json()["outputs"] == {"answer": "echo: Q: 2+2?"}
     (body,) = engine.bodies[sent:]
     assert body["model"] == "tiny" and body["max_tokens"] == 9
+    engine.max_seen = 0
+    question = {"inputs": {"question": " ".join(["word"] * 10)}}  # 20 ms a word: a call takes 0.2 s+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: httpx.post(f"{url}/v1/infer", json=question, timeout=60), range(4)))
+    assert all(r.status_code == 200 for r in replies)
+    assert 2 <= engine.max_seen <= 4  # the calls overlap at the engine (nothing serialises them on the way)
 
 
 def test_llm_tokens_stream_through_ray_serve_as_in_process(ask: Ask) -> None:

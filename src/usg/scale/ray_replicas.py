@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from ray import serve
@@ -93,29 +93,31 @@ class ModelReplica:
         """One item of an engine model as it generates: each token delta (``tokens``), then its
         :class:`ReplicaReply` (with the engine requests made). Closing this generator (the
         router's client went away) cancels the engine request, which closes its stream."""
+        # no concurrency gate here: the backend holds at most options.max_inflight at the engine
         queue: asyncio.Queue[object] = asyncio.Queue()
         timing = ItemTiming()
-        async with self._calls:
-            self._items += 1
-            self._backend_calls += 1
-            t0 = time.perf_counter()
-            task = asyncio.ensure_future(self._generate(item, queue.put_nowait if tokens else None, timing))
-            task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
-            try:
-                while (piece := await queue.get()) is not _DONE:
-                    assert isinstance(piece, str)
-                    yield piece
-                out = task.result()
-                now = time.perf_counter()
-                yield ReplicaReply(
-                    self._reduce(out), compute_ms=(now - t0) * 1e3, engine_calls=tuple(timing.engine_calls), clock=now
-                )
-            finally:
-                if not task.done():
-                    task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        self._items += 1
+        self._backend_calls += 1
+        t0 = time.perf_counter()
+        task = asyncio.ensure_future(self._generate(item, queue.put_nowait if tokens else None, timing))
+        task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
+        try:
+            while (piece := await queue.get()) is not _DONE:
+                assert isinstance(piece, str)
+                yield piece
+            out = task.result()
+            now = time.perf_counter()
+            yield ReplicaReply(
+                self._reduce(out), compute_ms=(now - t0) * 1e3, engine_calls=tuple(timing.engine_calls), clock=now
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
-    async def _generate(self, item: Mapping[str, Any], on_token: Any, timing: ItemTiming) -> dict[str, Any] | USGError:
+    async def _generate(
+        self, item: Mapping[str, Any], on_token: Callable[[str], None] | None, timing: ItemTiming
+    ) -> dict[str, Any] | USGError:
         try:
             async with asyncio.timeout(self._timeout_s):
                 if on_token is None:
