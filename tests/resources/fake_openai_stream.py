@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class StreamingFakeEngine(FakeEngine):
     completed: int = 0
     #: the client's port of each streamed request (a reused connection repeats its port)
     peers: list[int] = field(default_factory=list)
+    #: when each fully sent stream sent its last chunk (``time.monotonic()``)
+    ended: list[float] = field(default_factory=list)
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
@@ -85,6 +88,7 @@ class StreamingFakeEngine(FakeEngine):
             yield _chunk(finish="stop", usage=usage)
             yield b"data: [DONE]\n\n"
             finished = True
+            self.ended.append(time.monotonic())
             if self.mode == "linger":
                 await asyncio.sleep(3600)
         finally:
