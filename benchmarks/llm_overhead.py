@@ -11,7 +11,8 @@ Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here
    then through USG (``max_inflight`` = clients, so USG holds nothing back).
 
 Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
-token) and the throughput ratio (target ≥ 0.95×). Greedy decoding: both paths generate the
+token), the ``usg serve`` process's CPU time per question, and the throughput ratio (target
+≥ 0.95×). Greedy decoding: both paths generate the
 same tokens. Run: ``python benchmarks/llm_overhead.py`` (needs ``usg[llm-engine]``, torch).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -126,6 +128,12 @@ async def _throughput(clients: int, per_client: int, send: Any) -> tuple[int, fl
         return clients * per_client, time.perf_counter() - t0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1e3
 
@@ -154,9 +162,11 @@ def main() -> None:
                 _direct(client, eurl, body)
                 _usg(client, uurl, QUESTION, stream=True)
             print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
+            cpu0 = _cpu_s(usg_server.proc.pid)
             d_lat, u_lat = _alternate(
                 args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, False)
             )
+            usg_cpu_ms = (_cpu_s(usg_server.proc.pid) - cpu0) / args.requests * 1e3
             print(f"time to first token: {args.requests} streamed questions per side ...", flush=True)
             d_tt, u_tt = _alternate(
                 args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, True)
@@ -206,6 +216,7 @@ def main() -> None:
     print(f"{'median paired difference, latency (ms)':<38}{'':>10}{'':>10}{paired:>+10.1f}")
     print(f"{'median paired difference, TTFT (ms)':<38}{'':>10}{'':>10}{paired_tt:>+10.1f}")
     print(f"{'p50 USG time outside the engine call':<38}{'':>10}{'':>10}{own:>+10.1f}{'<= 3':>10}")
+    print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{usg_cpu_ms:>10.2f}")
     print(
         f"{f'throughput, {args.clients} clients (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
         f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
@@ -213,7 +224,9 @@ def main() -> None:
     print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU)")
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
-        "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance"
+        "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance; "
+        "usg serve CPU = the server process's user + system time over the latency phase, per question "
+        "(everything USG does, its own engine client included; the least load-sensitive figure)"
     )
 
 

@@ -16,7 +16,9 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -385,38 +387,147 @@ def test_deployments_that_cannot_fit_the_private_ray_are_refused_up_front(graph:
     assert "greedy" not in serve.status().applications
 
 
-def test_llm_nodes_call_the_engine_from_the_router(ray_url: str, tmp_path: Path) -> None:
-    """A ``backend: openai`` model runs in the router (the engine batches; no replica between),
-    here against the fake OpenAI-compatible engine of the unit tier (a real transformers serve
-    and a Ray in one test would not fit CI's two cores)."""
-    from fake_openai import FakeEngine, RunningEngine
+ASK = """
+name: ask
+inputs: {{question: {{modality: text}}}}
+models: {{llm: {{backend: openai, options: {{url: '{url}/v1', max_tokens: 9, max_model_len: 4096}}}}}}
+nodes:
+  prompt: {{fn: 'usg.ops.llm:chat', inputs: {{question: inputs.question}}, options: {{user: 'Q: {{question}}'}}}}
+  answer: {{model: llm, inputs: {{messages: prompt.messages}}}}
+outputs: {{answer: answer.text}}
+"""
+
+
+@pytest.fixture(scope="module", params=["in-router", "own-deployment"])
+def ask(ray_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Ask]:
+    """An LLM graph as a second application on the module's Ray, its engine model in the router
+    (the default) or in its own deployment (``own_deployment: true``).
+
+    The engine is the streaming fake OpenAI-compatible engine of the unit tier, one word per
+    chunk (a real transformers serve and a Ray in one test would not fit CI's two cores; the
+    e2e tier streams from a real engine in-process)."""
+    from fake_openai import RunningEngine
+    from fake_openai_stream import StreamingFakeEngine
 
     from usg.scale.ray_app import deploy_graph
-    from usg.scale.ray_options import deployment_plan
     from usg.serve.app import ServeConfig
 
-    with RunningEngine(FakeEngine()) as engine:
-        graph_file = tmp_path / "ask.yaml"
-        graph_file.write_text(
-            "name: ask\n"
-            "inputs: {question: {modality: text}}\n"
-            f"models: {{llm: {{backend: openai, options: {{url: '{engine.url}/v1', max_tokens: 9}}}}}}\n"
-            "nodes:\n"
-            "  prompt: {fn: 'usg.ops.llm:chat', inputs: {question: inputs.question},\n"
-            "           options: {user: 'Q: {question}'}}\n"
-            "  answer: {model: llm, inputs: {messages: prompt.messages}}\n"
-            "outputs: {answer: answer.text}\n"
-        )
+    own = request.param == "own-deployment"
+    with RunningEngine(StreamingFakeEngine(token_delay_s=0.02)) as engine:
+        graph_file = tmp_path_factory.mktemp("ask") / "ask.yaml"
+        deploy = "deploy: {models: {llm: {own_deployment: true}}}\n" if own else ""
+        graph_file.write_text(ASK.format(url=engine.url) + deploy)
         g = load_graph(graph_file)
-        plan = {d.name: d for d in deployment_plan(g)}
-        assert set(plan) == {"router"} and "model llm" in plan["router"].runs_in_router
         port = int(ray_url.rsplit(":", 1)[1])
         try:
             url = deploy_graph(g, ServeConfig(max_inflight=8), port=port, route_prefix="/ask", timeout_s=60)
-            r = httpx.post(f"{url}/v1/infer", json={"inputs": {"question": "2+2?"}}, timeout=60)
-            assert r.status_code == 200, r.text
-            assert r.json()["outputs"] == {"answer": "echo: Q: 2+2?"}
+            yield Ask(url, g, engine, own)
         finally:
             serve.delete(g.name)
-    (body,) = engine.bodies
+
+
+@dataclasses.dataclass
+class Ask:
+    url: str
+    graph: Graph
+    engine: Any
+    own_deployment: bool
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    event = "message"
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[len("event: ") :]
+        elif line.startswith("data: "):
+            yield event, json.loads(line[len("data: ") :])
+            event = "message"
+
+
+def test_llm_nodes_call_the_engine_from_the_router(ask: Ask) -> None:
+    """A ``backend: openai`` model runs in the router (the engine batches; no replica between),
+    unless it is given its own deployment."""
+    from usg.scale.ray_options import deployment_plan
+
+    url, g, engine = ask.url, ask.graph, ask.engine
+    plan = {d.name: d for d in deployment_plan(g)}
+    if ask.own_deployment:
+        assert set(plan) == {"router", "model-llm"}
+    else:
+        assert set(plan) == {"router"} and "model llm" in plan["router"].runs_in_router
+    sent = len(engine.bodies)
+    r = httpx.post(f"{url}/v1/infer", json={"inputs": {"question": "2+2?"}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"] == {"answer": "echo: Q: 2+2?"}
+    (body,) = engine.bodies[sent:]
     assert body["model"] == "tiny" and body["max_tokens"] == 9
+    engine.max_seen = 0
+    question = {"inputs": {"question": " ".join(["word"] * 10)}}  # 20 ms a word: a call takes 0.2 s+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: httpx.post(f"{url}/v1/infer", json=question, timeout=60), range(4)))
+    assert all(r.status_code == 200 for r in replies)
+    assert 2 <= engine.max_seen <= 4  # the calls overlap at the engine (nothing serialises them on the way)
+
+
+def test_llm_tokens_stream_through_ray_serve_as_in_process(ask: Ask) -> None:
+    """``"stream": true`` under Ray: the same events as the in-process executor, each token
+    delta sent as the engine streams it (not buffered to the end), and ``generate_stream``."""
+    from usg.runtime.events import Finished, NodeFinished, TokenDelta
+
+    url, g, engine = ask.url, ask.graph, ask.engine
+    question = " ".join(f"w{i}" for i in range(20))
+
+    async def local() -> list[tuple[str, str]]:
+        async with Executor(g) as ex:
+            out: list[tuple[str, str]] = []
+            async for event in ex.stream({"question": question}):
+                if isinstance(event, TokenDelta):
+                    out.append(("token", event.text))
+                elif isinstance(event, NodeFinished):
+                    out.append(("node", event.node))
+                else:
+                    assert isinstance(event, Finished)
+                    out.append(("result", event.result.outputs["answer"]))
+            return out
+
+    expected = asyncio.run(local())
+    events: list[tuple[str, dict[str, Any]]] = []
+    arrived: list[float] = []
+    body = {"inputs": {"question": question}, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/infer", json=body, timeout=60) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        for event in _sse(resp.iter_lines()):
+            events.append(event)
+            arrived.append(time.monotonic())
+    got = [(e, d.get("text", d.get("node", ""))) for e, d in events[:-1]]
+    got.append(("result", events[-1][1]["outputs"]["answer"]))
+    assert got == expected, (got, expected)
+    assert [e for e, _ in expected] == ["node"] + ["token"] * 22 + ["node", "result"]
+    assert events[-1][1]["pruned_nodes"] == [] and set(events[-1][1]["node_ms"]) == {"prompt", "answer"}
+    first = next(t for (e, _), t in zip(events, arrived, strict=True) if e == "token")
+    # the engine waits 20 ms a word (0.4 s+ in all): a token passed on as it came arrives before the end
+    assert first < engine.ended[-1], (first, engine.ended[-1])
+    with httpx.stream("POST", f"{url}/v2/models/ask/generate_stream", json={"text_input": question}, timeout=60) as r:
+        assert r.status_code == 200
+        parts = [d["text_output"] for _, d in _sse(r.iter_lines())]
+    assert parts == [t for e, t in expected if e == "token"] + [""]
+
+
+def test_a_client_leaving_a_stream_under_ray_cancels_the_engine_request(ask: Ask) -> None:
+    url, engine = ask.url, ask.engine
+    before = engine.abandoned
+    body = {"inputs": {"question": " ".join(["word"] * 200)}, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/infer", json=body, timeout=60) as resp:
+        for event, _data in _sse(resp.iter_lines()):
+            if event == "token":
+                break  # leaving the block drops the connection, ~200 words before the end
+    deadline = time.monotonic() + 30
+    while engine.abandoned == before:
+        assert time.monotonic() < deadline, "the engine stream was never closed"
+        time.sleep(0.05)
+    assert engine.inflight == 0
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    if not ask.own_deployment:
+        assert 'usg_llm_engine_inflight{model="llm"} 0.0' in metrics  # the router's slot was freed too
+    # the engine call was measured where it ran, and counted in the router's metrics either way
+    assert 'usg_llm_time_to_first_token_seconds_count{model="llm",node="answer"}' in metrics

@@ -3,14 +3,16 @@ Server-Sent Events of ``chat.completion.chunk`` objects, one word of the echo pe
 makes it misbehave: ``garbage`` (lines that are not SSE), ``bad_json`` (a ``data:`` that is not
 JSON), ``cut`` (the connection dropped after two chunks), ``no_finish`` (a clean end without a
 finish_reason or ``[DONE]``), ``error_chunk`` (an ``{"error": ...}`` chunk mid-stream), ``stall``
-(a chunk, then silence). It records streams the client closed before their end."""
+(a chunk, then silence), ``linger`` (the response kept open after ``[DONE]``). It records streams
+the client closed before their end, and the client port of each stream (one per connection)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fake_openai import FakeEngine
@@ -38,12 +40,17 @@ class StreamingFakeEngine(FakeEngine):
     abandoned: int = 0
     #: streams fully sent
     completed: int = 0
+    #: the client's port of each streamed request (a reused connection repeats its port)
+    peers: list[int] = field(default_factory=list)
+    #: when each fully sent stream sent its last chunk (``time.monotonic()``)
+    ended: list[float] = field(default_factory=list)
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
         if not body.get("stream"):
             return await super()._chat(_Replay(request, body))
         self.bodies.append(body)
+        self.peers.append(request.client.port if request.client else 0)
         if self.faults:
             status, headers, payload = self.faults.pop(0)
             return JSONResponse(payload, status_code=status, headers=headers)
@@ -81,6 +88,9 @@ class StreamingFakeEngine(FakeEngine):
             yield _chunk(finish="stop", usage=usage)
             yield b"data: [DONE]\n\n"
             finished = True
+            self.ended.append(time.monotonic())
+            if self.mode == "linger":
+                await asyncio.sleep(3600)
         finally:
             self.inflight -= 1
             if finished:

@@ -110,6 +110,28 @@ def test_a_stalled_engine_stream_times_out_instead_of_hanging(tmp_path: Path) ->
         ex.infer_sync({"question": "two plus two"})
 
 
+def test_requests_reuse_the_engine_connection(tmp_path: Path) -> None:
+    """The stream is read to its end after ``[DONE]``, so its connection goes back to the pool
+    (a response closed unread closes its connection: one TCP connect per question)."""
+    with RunningEngine(StreamingFakeEngine()) as engine, Executor(load_graph(_graph(tmp_path, engine.url))) as ex:
+        for _ in range(3):
+            assert ex.infer_sync({"question": "two plus two"}).outputs == {"answer": "echo: two plus two"}
+    assert len(engine.peers) == 3 and len(set(engine.peers)) == 1, engine.peers
+
+
+def test_an_engine_that_keeps_the_stream_open_after_done_costs_at_most_a_second(tmp_path: Path) -> None:
+    with (
+        RunningEngine(StreamingFakeEngine(mode="linger")) as engine,
+        Executor(load_graph(_graph(tmp_path, engine.url))) as ex,
+    ):
+        t0 = time.monotonic()
+        assert ex.infer_sync({"question": "two plus two"}).outputs == {"answer": "echo: two plus two"}
+        assert time.monotonic() - t0 < 10  # the drain after [DONE] gives up after 1 s: no hang
+        engine.mode = "ok"
+        assert ex.infer_sync({"question": "again"}).outputs == {"answer": "echo: again"}
+    assert len(set(engine.peers)) == 2  # that connection was closed, a new one opened
+
+
 def test_closing_the_stream_early_closes_the_engine_stream(tmp_path: Path) -> None:
     async def first_token(ex: Executor) -> TokenDelta:
         events = ex.stream({"question": "one two three four five six"})

@@ -11,9 +11,11 @@ timeout. :class:`CallRecorder` notes what one engine request did, as a :class:`E
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from usg.errors import BackendError
@@ -104,7 +106,7 @@ async def _lines(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[byte
         yield buf
 
 
-async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[str]:
+async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncGenerator[str, None]:
     """The ``data`` of each complete SSE event (lines joined with newlines); comments, ``event:``,
     ``id:`` and ``retry:`` fields are skipped; any other line is a malformed stream."""
     data: list[str] = []
@@ -174,29 +176,47 @@ async def read_chat_stream(
     arrives. Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
     parts: list[str] = []
     done = False
-    async for data in sse_data(chunks, where):
-        if data.strip() == "[DONE]":
-            done = True
-            break
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise _malformed(where, data, "not JSON") from None
-        if not isinstance(doc, dict):
-            raise _malformed(where, data, "not a JSON object")
-        if "error" in doc:
-            err = doc["error"]
-            message = err.get("message", err) if isinstance(err, dict) else err
-            raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
-            raised.status = 502
-            raise raised
-        call.chunk(doc)
-        text = _delta_text(doc, where, data)
-        if text:
-            call.token()
-            parts.append(text)
-            if on_token is not None:
-                on_token(text)
+    async with contextlib.aclosing(sse_data(chunks, where)) as events:
+        async for data in events:
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                raise _malformed(where, data, "not JSON") from None
+            if not isinstance(doc, dict):
+                raise _malformed(where, data, "not a JSON object")
+            if "error" in doc:
+                err = doc["error"]
+                message = err.get("message", err) if isinstance(err, dict) else err
+                raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
+                raised.status = 502
+                raise raised
+            call.chunk(doc)
+            text = _delta_text(doc, where, data)
+            if text:
+                call.token()
+                parts.append(text)
+                if on_token is not None:
+                    on_token(text)
     if not done and call.finish_reason is None:
         raise stream_cut(where, f"after {call.deltas} token deltas")
+    if done:
+        await drain(chunks)
     return "".join(parts)
+
+
+async def drain(chunks: AsyncIterator[bytes], timeout_s: float = 1.0) -> None:
+    """Read what follows ``[DONE]`` (normally nothing but the end of the chunked body), so the
+    engine's connection goes back to the client's pool: a response closed unread closes its
+    connection, and every request would open a new one. Bounded in time and bytes (an engine
+    that keeps the response open after ``[DONE]`` costs at most ``timeout_s``, then the
+    connection is closed as before)."""
+    left = MAX_LINE_BYTES
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            async for chunk in chunks:
+                left -= len(chunk)
+                if left < 0:
+                    return

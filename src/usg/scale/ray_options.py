@@ -66,6 +66,8 @@ def _options(policy: DeployPolicy, max_ongoing: int) -> dict[str, Any]:
 
 def model_options(graph: Graph, model: str) -> dict[str, Any]:
     m = graph.models[model]
+    if m.backend == "openai":  # an engine's client holds max_inflight requests at the engine, queues the rest
+        return _options(graph.deploy.model(model), max(16, 2 * int(m.options.get("max_inflight", 8))))
     concurrency = m.concurrency
     # a replica must hold enough requests to fill its concurrent batches, twice over
     return _options(graph.deploy.model(model), max(16, 2 * m.batch.max_size * concurrency))

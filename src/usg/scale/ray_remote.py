@@ -8,20 +8,24 @@ zero-copy) — see :mod:`usg.scale.transport`. A call that fails because its rep
 is unreachable is retried on another replica (model calls and node functions are
 idempotent); when retries run out the request fails with
 :class:`usg.errors.ReplicaUnavailable` (HTTP 503), never silently. The batches a model's
-replicas ran come back with the replies and go to the executor's observers.
+replicas ran come back with the replies and go to the executor's observers. An engine model
+(``backend: openai``) in its own deployment streams: :meth:`RayModelBackend.astream` iterates
+the replica's ``generate`` through a streaming handle, passing each token delta on as it arrives
+(retried on another replica only before the first one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from usg.backends.base import BackendState, DeclaredSpecsBackend
-from usg.errors import ReplicaUnavailable, USGError
-from usg.records import ItemTiming
+from usg.errors import BackendError, ReplicaUnavailable, USGError
+from usg.records import EngineCall, ItemTiming
 from usg.scale.reply import ReplicaReply
 from usg.scale.transport import Transport
 
@@ -117,11 +121,12 @@ class RayModelBackend(DeclaredSpecsBackend):
     kind = "ray-serve"
     remote = True
 
-    def __init__(self, model: str, handle: Any, *, batching: bool = False) -> None:
+    def __init__(self, model: str, handle: Any, *, batching: bool = False, engine: bool = False) -> None:
         super().__init__()  # the contracts come from the deployment at load()
         self.model = model
         self.handle = handle
         self.remote_batching = batching  # the replicas batch (@serve.batch) and report each batch
+        self.engine = engine  # a generation engine's client (backend: openai): called through generate
         self.retry = _Retry(f"model {model!r}", f"model-{model}")
         self.transport = Transport(f"model-{model}", handle)
         self.transport_many = Transport(f"model-{model}", handle, "many")
@@ -150,11 +155,59 @@ class RayModelBackend(DeclaredSpecsBackend):
         return self._outputs(reply)
 
     async def ainfer(self, inputs: Mapping[str, Any], timing: ItemTiming | None = None) -> dict[str, Any]:
+        if self.engine:
+            return await self._generate(inputs, None, timing)
         item = dict(inputs)
         handle, via, size = self.transport.pick(item)
         self.transport.count("request", via, size)
         reply: ReplicaReply = await self.retry.run(lambda: handle.remote(item))
         self.transport.count_reply(via, reply.outputs)
+        return self._outputs(reply, timing)
+
+    async def astream(
+        self, inputs: Mapping[str, Any], on_token: Callable[[str], None], timing: ItemTiming | None = None
+    ) -> dict[str, Any]:
+        if not self.engine:
+            return await self.ainfer(inputs, timing)
+        return await self._generate(inputs, on_token, timing)
+
+    async def _generate(
+        self, inputs: Mapping[str, Any], on_token: Callable[[str], None] | None, timing: ItemTiming | None
+    ) -> dict[str, Any]:
+        """One engine-model item through the replica's streaming ``generate``; leaving early (the
+        request was cancelled) cancels the replica's generator, and with it the engine request."""
+        item = dict(inputs)
+        sent = 0
+
+        async def call() -> ReplicaReply:
+            nonlocal sent
+            pieces = self.handle.options(stream=True).generate.remote(item, on_token is not None)
+            reply: ReplicaReply | None = None
+            try:
+                async for piece in pieces:
+                    if isinstance(piece, ReplicaReply):
+                        reply = piece
+                    elif on_token is not None:
+                        sent += 1
+                        on_token(piece)
+            except self.retry.failures as exc:
+                if sent:  # its tokens reached the client: another replica would send them again
+                    raise ReplicaUnavailable(
+                        f"model {self.model!r}: its Ray Serve replica failed after streaming {sent} token deltas "
+                        f"({type(exc).__name__}); fix: retry the request; check `serve status` and the replica logs"
+                    ) from exc
+                raise
+            finally:
+                if reply is None:
+                    pieces.cancel()
+            if reply is None:
+                raise BackendError(f"model {self.model!r}: its replica's stream ended without a reply")
+            return reply
+
+        reply = await self.retry.run(call)
+        if timing is not None and reply.engine_calls:
+            shift = time.perf_counter() - reply.clock  # the replica's clock onto this process's
+            timing.engine_calls.extend(_shifted(c, shift) for c in reply.engine_calls)
         return self._outputs(reply, timing)
 
     async def ainfer_many(
@@ -175,6 +228,11 @@ class RayModelBackend(DeclaredSpecsBackend):
     @property
     def description(self) -> str:
         return f"ray-serve deployment of model {self.model!r}"
+
+
+def _shifted(call: EngineCall, shift: float) -> EngineCall:
+    first = call.first_token + shift if call.first_token is not None else None
+    return dataclasses.replace(call, start=call.start + shift, end=call.end + shift, first_token=first)
 
 
 class RayFn:

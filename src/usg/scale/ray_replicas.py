@@ -6,7 +6,10 @@ model's batch policy (max size, wait, concurrent batches = ``options.concurrency
 is split into shape-compatible groups and run by :func:`usg.runtime.kernel.run_items`
 (the in-process batcher's kernel: padding, poison isolation, call deadline), and each backend call's
 :class:`~usg.records.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
-for the router's metrics. A node replica calls the node's Python function. Both return USG
+for the router's metrics. An engine model (``backend: openai`` with ``own_deployment: true``)
+is called through :meth:`ModelReplica.generate`, a streaming method: its token deltas as the
+engine sends them, then the reply (the router stopping early cancels the engine request).
+A node replica calls the node's Python function. Both return USG
 errors as values, so the router re-raises the original error type instead of a wrapped
 ``RayTaskError``.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from ray import serve
@@ -23,13 +26,15 @@ from ray import serve
 from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
-from usg.records import BatchEvent
-from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items
+from usg.records import BatchEvent, ItemTiming
+from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items, timeout_error
 from usg.runtime.runner import backend_for, concurrency_for
 from usg.scale.reply import ReplicaReply
 from usg.specs import TensorSpec
 
 __all__ = ["FnReplica", "ModelReplica"]
+
+_DONE = object()
 
 
 class ModelReplica:
@@ -83,6 +88,47 @@ class ModelReplica:
             except USGError as exc:
                 out = exc
             return ReplicaReply(self._reduce(out), compute_ms=(time.perf_counter() - t0) * 1e3)
+
+    async def generate(self, item: Mapping[str, Any], tokens: bool = True) -> AsyncIterator[str | ReplicaReply]:
+        """One item of an engine model as it generates: each token delta (``tokens``), then its
+        :class:`ReplicaReply` (with the engine requests made). Closing this generator (the
+        router's client went away) cancels the engine request, which closes its stream."""
+        # no concurrency gate here: the backend holds at most options.max_inflight at the engine
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        timing = ItemTiming()
+        self._items += 1
+        self._backend_calls += 1
+        t0 = time.perf_counter()
+        task = asyncio.ensure_future(self._generate(item, queue.put_nowait if tokens else None, timing))
+        task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
+        try:
+            while (piece := await queue.get()) is not _DONE:
+                assert isinstance(piece, str)
+                yield piece
+            out = task.result()
+            now = time.perf_counter()
+            yield ReplicaReply(
+                self._reduce(out), compute_ms=(now - t0) * 1e3, engine_calls=tuple(timing.engine_calls), clock=now
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _generate(
+        self, item: Mapping[str, Any], on_token: Callable[[str], None] | None, timing: ItemTiming
+    ) -> dict[str, Any] | USGError:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                if on_token is None:
+                    return await self.backend.ainfer(item, timing)
+                return await self.backend.astream(item, on_token, timing)
+        except TimeoutError:
+            return timeout_error(self.model.name, self._timeout_s or 0.0, 1)
+        except USGError as exc:
+            return exc
+        except Exception as exc:
+            return BackendError(f"model {self.model.name!r} raised {type(exc).__name__}: {exc}")
 
     def _reduce(self, out: dict[str, Any] | USGError) -> dict[str, Any] | USGError:
         if not self.reducers or isinstance(out, USGError):

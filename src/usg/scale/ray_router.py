@@ -42,7 +42,10 @@ class Router:
 
     def __serve_build_asgi_app__(self) -> Any:
         models = {
-            m: RayModelBackend(m, h, batching=self.graph.models[m].batch.enabled) for m, h in self.model_handles.items()
+            m: RayModelBackend(
+                m, h, batching=self.graph.models[m].batch.enabled, engine=self.graph.models[m].backend == "openai"
+            )
+            for m, h in self.model_handles.items()
         }
         nodes = {n: RayFn(n, h) for n, h in self.node_handles.items()}
         executor = Executor(self.graph, backends=models, fns=nodes, timeout_s=self.timeout_s)
