@@ -179,6 +179,8 @@ def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | Non
         if m is None:
             continue
         ex = rule.explain(m)
+        if ex is None:  # the wording matched but does not name a cause: other rules, then known cases
+            continue
         evidence = {k: v for k, v in ex.evidence.items() if v is not None}
         evidence["line_text"] = head.strip()[:400]
         evidence["confidence"] = RULE_CONFIDENCE

@@ -202,6 +202,9 @@ def _config_dims(m: re.Match[str]) -> Explained:
     )
 
 
+_MAX_BATCH = 256  # the largest size axis 0 is read as a batch at
+
+
 @_rule(
     "LOG006",
     "onnxruntime",
@@ -214,7 +217,7 @@ def _config_dims(m: re.Match[str]) -> Explained:
 def _ort_dims(m: re.Match[str]) -> Explained:
     idx, got, exp = int(m["idx"]), int(m["got"]), int(m["exp"])
     ev = {"input": m["input"], "index": idx, "got": got, "expected": exp}
-    if idx == 0:
+    if idx == 0 and min(got, exp) <= _MAX_BATCH:  # axis 0 of a state/buffer input (sizes in the 10,000s) is no batch
         return Explained(
             f"input {m['input']!r} has a fixed batch dimension {exp} in the ONNX graph but got {got}",
             "re-export with a dynamic batch axis (dynamic_axes={'" + m["input"] + "': {0: 'batch'}}) — "
@@ -385,7 +388,7 @@ def _triton_shape(m: re.Match[str]) -> Explained:
     )
 
 
-from usg.doctor.logs import rules_engines  # noqa: E402,F401  (registers its rules)
+from usg.doctor.logs import rules_engines, rules_openvino  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 
