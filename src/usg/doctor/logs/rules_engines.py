@@ -420,7 +420,7 @@ def _tactic_mem(m: re.Match[str]) -> Explained:
     "dtype not supported by the GPU",
     R.ENVIRONMENT,
     r"Bfloat16 is only supported on GPUs with compute capability of at least (?P<need>\d+(?:\.\d+)?)\.?\s*Your "
-    r"(?P<gpu>.+?) GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
+    r"(?P<gpu>.+?)\s*GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
 )
 def _bf16(m: re.Match[str]) -> Explained:
     return Explained(
