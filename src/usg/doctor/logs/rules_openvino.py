@@ -21,7 +21,7 @@ from usg.doctor.logs.rule_base import Explained, R, _rule
 __all__: list[str] = []
 
 _HEAD = (
-    r"(?:Check '(?P<cond>[^\n]*?)' failed at|Exception from) (?P<file>[^\n]*?\.(?:cpp|hpp|cc|h)):(?P<line>\d+):?"
+    r"(?:Check '(?P<cond>[^\n]*?)' failed at|(?-i:Exception from)) (?P<file>\S+?\.(?:cpp|hpp|cc|h)):(?P<line>\d+):?"
     r"(?P<rest>[^\n]*(?:\n[^\n]*){0,4})"
 )
 _NESTED = re.compile(r"^\s*(?:Exception from \S+?:\d+:?|Check '[^\n]*?' failed at \S+?:\d+:?)\s*$")
