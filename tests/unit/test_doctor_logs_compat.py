@@ -128,3 +128,20 @@ def test_axis_zero_of_a_state_input_is_not_a_batch() -> None:
         " index: 0 Got: 8 Expected: 1"
     )
     assert batch.root_cause is RootCause.DYNAMIC_SHAPE_FIXED
+
+
+def test_import_failures_split_by_what_is_missing() -> None:
+    own = _root(
+        "    deployment_def = cloudpickle.loads(serialized_deployment_def)\n"
+        "ModuleNotFoundError: No module named 'kaiko.llm_serve'"
+    )
+    assert (own.code, own.root_cause, own.evidence["module"]) == ("LOG043", RootCause.ENVIRONMENT, "kaiko.llm_serve")
+    sub = _root(
+        "Ignore import error when loading sglang.srt.models.qwen2_5_vl. "
+        "No module named 'transformers.models.qwen2_5_vl'"
+    )
+    assert sub.root_cause is RootCause.VERSION_COUPLING and sub.evidence["package"] == "transformers"
+    ext = _root("Failed to import from vllm._C with ModuleNotFoundError(\"No module named 'vllm._C'\")")
+    assert ext.root_cause is RootCause.ENVIRONMENT and "compiled extension" in ext.message
+    name = _root("ImportError: cannot import name 'top_k_top_p_sampling_from_probs' from 'flashinfer.sampling'")
+    assert name.root_cause is RootCause.VERSION_COUPLING and name.evidence["module"] == "flashinfer.sampling"

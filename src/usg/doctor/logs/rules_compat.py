@@ -149,3 +149,72 @@ def _arch_import(m: re.Match[str]) -> Explained | None:
         "transformers, flash-attn or triton, or a failing registry subprocess) and fix that install",
         {"architecture": arch, "listed_as_supported": bool(listed)},
     )
+
+
+_LIBRARIES = frozenset(
+    {
+        "transformers",
+        "torch",
+        "vllm",
+        "sglang",
+        "onnxruntime",
+        "onnx",
+        "tensorrt",
+        "tensorrt_llm",
+        "optimum",
+        "flashinfer",
+        "flash_attn",
+        "ray",
+        "openvino",
+        "triton",
+        "xformers",
+        "sgl_kernel",
+        "accelerate",
+        "peft",
+    }
+)
+
+
+@_rule(
+    "LOG043",
+    "python",
+    "module or name not importable",
+    R.ENVIRONMENT,
+    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'"
+    r"|ImportError: cannot import name '(?P<name>\w+)' from '(?P<src>[\w.]+)'",
+    also=(R.VERSION_COUPLING,),
+)
+def _import(m: re.Match[str]) -> Explained:
+    if m["name"]:  # the package is there but lacks the name: another release than the importer expects
+        top = m["src"].split(".")[0]
+        return Explained(
+            f"the installed {top} has no {m['name']} (in {m['src']}): it is another release than the code importing "
+            "it was written for",
+            f"install the {top} version the importing package pins (pip install '<importer>[...]' / its "
+            "requirements), or upgrade/downgrade both together",
+            {"name": m["name"], "module": m["src"]},
+            R.VERSION_COUPLING,
+        )
+    mod = m["mod"]
+    top = mod.split(".")[0]
+    if "." in mod and mod.rsplit(".", 1)[1].startswith("_"):  # vllm._C, torch._C: a compiled extension
+        return Explained(
+            f"the compiled extension {mod} is missing: {top} is a source checkout that was not built, or a wheel "
+            "built for another Python/platform",
+            f"install a {top} wheel for this Python and CUDA (or build the checkout: pip install -e . with its "
+            "build requirements); do not run from the source tree of an installed package",
+            {"module": mod, "package": top},
+        )
+    if "." in mod and top in _LIBRARIES:  # the library is installed, this submodule is not in its release
+        return Explained(
+            f"the installed {top} has no module {mod}: that release predates (or dropped) it",
+            f"upgrade {top} to a release that has {mod} (or install the version the caller pins)",
+            {"module": mod, "package": top},
+            R.VERSION_COUPLING,
+        )
+    return Explained(
+        f"Python module {mod!r} is not installed where this process runs",
+        f"install {top} in that environment (the container image, the Ray runtime_env / worker image, the venv), "
+        "or fix the import path of your own package",
+        {"module": mod},
+    )
