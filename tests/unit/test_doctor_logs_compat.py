@@ -145,3 +145,28 @@ def test_import_failures_split_by_what_is_missing() -> None:
     assert ext.root_cause is RootCause.ENVIRONMENT and "compiled extension" in ext.message
     name = _root("ImportError: cannot import name 'top_k_top_p_sampling_from_probs' from 'flashinfer.sampling'")
     assert name.root_cause is RootCause.VERSION_COUPLING and name.evidence["module"] == "flashinfer.sampling"
+
+
+def test_openvino_input_that_does_not_fit_the_model() -> None:
+    root = _root(
+        "RuntimeError: Can't SetBlob with name: conv2d_36_input, because model input (shape={1,32,32,32}) and blob "
+        "(shape=(1.32.32.3)) are incompatible"
+    )
+    assert (root.code, root.root_cause) == ("LOG044", RootCause.SHAPE_OR_RANK)
+    assert root.evidence["model_shape"] == "{1,32,32,32}" and "NHWC" in root.fix
+    size = _root("RuntimeError: The input blob size is not equal to the network input size: got 153600 expecting 98304")
+    assert size.evidence["ratio"] == 1.562
+
+
+def test_request_over_a_default_server_limit_is_the_configuration() -> None:
+    default = _root("ValidationError: Input validation error: `inputs` must have less than 1024 tokens. Given: 1168.")
+    assert (default.code, default.root_cause) == ("LOG045", RootCause.CONFIG_INVALID)
+    assert default.evidence["default_limit"] is True and "--max-input-tokens" in default.fix
+    chosen = _root(
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 32768. Given: X `inputs` tokens"
+    )
+    assert chosen.root_cause is RootCause.SHAPE_OR_RANK and chosen.evidence["max_total_tokens"] == 32768
+    trtllm = _root(
+        "ValueError: The sum of prompt length (9351.0), query length (0) should not exceed max_num_tokens (8192)"
+    )
+    assert (trtllm.root_cause, trtllm.evidence["prompt_tokens"]) == (RootCause.SHAPE_OR_RANK, 9351)

@@ -389,7 +389,7 @@ def _triton_shape(m: re.Match[str]) -> Explained:
     )
 
 
-from usg.doctor.logs import rules_compat, rules_engines, rules_openvino  # noqa: E402,F401  (register their rules)
+from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 

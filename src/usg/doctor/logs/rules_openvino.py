@@ -144,3 +144,31 @@ def _bad_alloc(m: re.Match[str]) -> Explained:
         "weights, or use a device that holds the model",
         {},
     )
+
+
+@_rule(
+    "LOG044",
+    "openvino",
+    "input tensor does not fit the model input",
+    R.SHAPE_OR_RANK,
+    r"(?:Can't SetBlob with name: (?P<name>\S+?),? because model input \(shape=(?P<model>\(?[^()]*\)?)\) and blob "
+    r"\(shape=(?P<blob>\(?[^()]*\)?)\) are incompatible"
+    r"|Can't set the input tensor with index: (?P<index>\d+), because the model input "
+    r"\(shape=(?P<model2>\(?[^()]*\)?)\) and the tensor \(shape=(?P<tensor>\(?[^()]*\)?)\) are incompatible"
+    r"|The input blob size is not equal to the network input size: got (?P<got>\d+) expecting (?P<exp>\d+))",
+)
+def _ov_input(m: re.Match[str]) -> Explained:
+    if m["got"]:
+        got, exp = int(m["got"]), int(m["exp"])
+        ev: dict[str, Any] = {"got_elements": got, "expected_elements": exp, "ratio": round(got / exp, 3)}
+        what = f"the input has {got} elements but the network takes {exp} ({got / exp:.2f}x)"
+    else:
+        model, sent = m["model"] or m["model2"], m["blob"] or m["tensor"]
+        ev = {"input": m["name"] or int(m["index"]), "model_shape": model, "sent_shape": sent}
+        what = f"input {ev['input']!r}: the model takes shape {model} but {sent} was sent"
+    return Explained(
+        what,
+        "resize/transpose the data to the model's input (NCHW vs NHWC, the image size it was converted for), or "
+        "reshape the model to the size you send (model.reshape / convert with a dynamic input shape)",
+        ev,
+    )
