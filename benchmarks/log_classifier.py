@@ -14,7 +14,7 @@ Caveat: some signature rules were written after reading this corpus (sessions 1-
 rules are optimistic for the message families the rules cover; the "learned layer alone" row has no
 rules in the loop.
 
-Run: python benchmarks/log_classifier.py [--details] [--shipped]
+Run: python benchmarks/log_classifier.py [--details] [--shipped] [--corpus DIR]
 (--shipped: skip the nested calibration and use the shipped temperature/threshold in every split —
 faster, but those values were chosen on the whole corpus, test projects included.)
 """
@@ -25,6 +25,7 @@ import argparse
 import collections
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from usg.doctor.logs.classify import classify_text, root_error
 from usg.doctor.logs.corpus import LabelledCase, load_corpus
@@ -97,8 +98,11 @@ def fit_index(train: list[LabelledCase]) -> CaseIndex:
     return _FITTED[key]
 
 
+_CORPUS: list[Path] = []  # --corpus DIR (default: the packaged corpus)
+
+
 def load_corpus_projects() -> set[str]:
-    return {c.project for c in load_corpus()}
+    return {c.project for c in load_corpus(directory=_CORPUS[0] if _CORPUS else None)}
 
 
 def rules_only(case: LabelledCase) -> bool:
@@ -184,9 +188,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--details", action="store_true", help="list every case not classified correctly")
     parser.add_argument("--shipped", action="store_true", help="use the shipped calibration (not nested)")
+    parser.add_argument("--corpus", help="a directory of corpus *.jsonl files instead of the packaged corpus")
     args = parser.parse_args()
     nested = not args.shipped
-    cases = load_corpus()
+    if args.corpus:
+        _CORPUS.append(Path(args.corpus))
+    cases = load_corpus(directory=_CORPUS[0] if _CORPUS else None)
     print(f"corpus: {len(cases)} labelled excerpts from {len({c.project for c in cases})} projects")
     start = time.perf_counter()
     base = evaluate(cases, learned=False, details=False)
