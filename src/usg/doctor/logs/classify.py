@@ -136,7 +136,10 @@ def _events(lines: list[str]) -> Iterable[_Event]:
         ):  # "ERROR ... inference failed" announcing the traceback below: the traceback says what failed
             i += 1
             continue
-        yield _Event(i + 1, line, "\n".join(lines[i : i + 1 + _LOOKAHEAD]), False)
+        k = i + 1  # the message may go on below (values, wrapped text), up to the next log record
+        while k < n and k - i <= _LOOKAHEAD and not _looks_like_new_record(lines[k]):
+            k += 1
+        yield _Event(i + 1, line, "\n".join(lines[i:k]), False)
         i += 1
 
 
@@ -179,6 +182,8 @@ def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | Non
         if m is None:
             continue
         ex = rule.explain(m)
+        if ex is None:  # the wording matched but does not name a cause: other rules, then known cases
+            continue
         evidence = {k: v for k, v in ex.evidence.items() if v is not None}
         evidence["line_text"] = head.strip()[:400]
         evidence["confidence"] = RULE_CONFIDENCE

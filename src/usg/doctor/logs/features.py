@@ -19,7 +19,9 @@ _ENGINES: dict[str, str] = {
     "transformers": r"transformers|from_pretrained|tokenizer|image tokens|model type",
     "torch_onnx": r"torch\.onnx|TracerWarning|opset|symbolic|dynamo|GuardOnDataDependent|aten::",
     "ray": r"\bray\b|ray\.|raylet|ServeController|replica|RayActorError|Deployment",
-    "openvino": r"openvino|InferenceEngine|ov::|Model Optimizer|CompiledModel|read_model",
+    "openvino": r"openvino|InferenceEngine|ov::|Model Optimizer|CompiledModel|read_model|compile_model|"
+    r"Check '[^'\n]*' failed at|Exception from src|intel_[cg]pu|While validating node|NETWORK_NOT_READ|ngraph|"
+    r"IECore|load_network|\bmo(?:_tf)?\.py|\.xml\b",
     "cuda": r"CUDA out of memory|cuda|cudnn|GPU",
 }
 ENGINE_RE = {name: re.compile(pat, re.IGNORECASE) for name, pat in _ENGINES.items()}

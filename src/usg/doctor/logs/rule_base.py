@@ -7,7 +7,8 @@ torch.onnx, TensorRT/trtexec, vLLM, transformers, CUDA). A rule's ``pattern`` mu
 error line itself; it may read values from the next few lines (ONNX Runtime puts
 ``index: 0 Got: 32 Expected: 1`` below its head line). ``explain`` turns the match into the
 message, the fix and the evidence; it may refine the root cause (a byte-size ratio of 4 is a
-dtype problem, a ratio of 3 a layout problem).
+dtype problem, a ratio of 3 a layout problem), or return None when the matched wording does not
+say enough to name a cause (the line then goes on to the next rules and the learned layer).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class LogRule:
     root_cause: RootCause
     severity: Severity
     pattern: re.Pattern[str]
-    explain: Callable[[re.Match[str]], Explained]
+    explain: Callable[[re.Match[str]], Explained | None]
     also: tuple[RootCause, ...] = ()  # root causes ``explain`` may refine to, from the numbers it reads
 
 
@@ -57,7 +58,7 @@ def _rule(
     sev: Severity = Severity.ERROR,
     also: tuple[RootCause, ...] = (),
 ) -> Any:
-    def deco(fn: Callable[[re.Match[str]], Explained]) -> Callable[[re.Match[str]], Explained]:
+    def deco(fn: Callable[[re.Match[str]], Explained | None]) -> Callable[[re.Match[str]], Explained | None]:
         compiled = re.compile(pattern, re.IGNORECASE | re.DOTALL)
         _RULES.append(LogRule(code, system, title, cause, sev, compiled, fn, also))
         return fn

@@ -202,6 +202,9 @@ def _config_dims(m: re.Match[str]) -> Explained:
     )
 
 
+_MAX_BATCH = 256  # the largest size axis 0 is read as a batch at
+
+
 @_rule(
     "LOG006",
     "onnxruntime",
@@ -214,7 +217,7 @@ def _config_dims(m: re.Match[str]) -> Explained:
 def _ort_dims(m: re.Match[str]) -> Explained:
     idx, got, exp = int(m["idx"]), int(m["got"]), int(m["exp"])
     ev = {"input": m["input"], "index": idx, "got": got, "expected": exp}
-    if idx == 0:
+    if idx == 0 and min(got, exp) <= _MAX_BATCH:  # axis 0 of a state/buffer input (sizes in the 10,000s) is no batch
         return Explained(
             f"input {m['input']!r} has a fixed batch dimension {exp} in the ONNX graph but got {got}",
             "re-export with a dynamic batch axis (dynamic_axes={'" + m["input"] + "': {0: 'batch'}}) — "
@@ -294,16 +297,17 @@ def _ort_kernel(m: re.Match[str]) -> Explained:
     "onnxruntime",
     "model newer than runtime",
     R.VERSION_COUPLING,
-    r"(?:Unsupported model IR version: (?P<ir>\d+), max supported IR version: (?P<maxir>\d+)"
+    r"(?:Unsupported model IR version: (?P<ir>\d+), max supported IR version:? ?(?P<maxir>\d+)?"
     r"|Opset (?P<opset>\d+) is under development and support for this is limited)",
 )
 def _ort_version(m: re.Match[str]) -> Explained:
-    if m["ir"]:
+    if m["ir"]:  # the maximum may be cut off in a pasted log
+        top = m["maxir"] or "an older one"
         return Explained(
-            f"the model has IR version {m['ir']} but this onnxruntime reads at most {m['maxir']}",
-            f"upgrade onnxruntime, or save the model with ir_version={m['maxir']} (onnx.save after setting "
-            "model.ir_version)",
-            {"model_ir": int(m["ir"]), "max_ir": int(m["maxir"])},
+            f"the model has IR version {m['ir']} but this onnxruntime reads at most {top}",
+            f"upgrade onnxruntime, or save the model with ir_version={m['maxir'] or '<the runtime maximum>'} "
+            "(onnx.save after setting model.ir_version)",
+            {"model_ir": int(m["ir"]), "max_ir": int(m["maxir"]) if m["maxir"] else None},
         )
     return Explained(
         f"the model uses opset {m['opset']}, newer than this onnxruntime fully supports",
@@ -385,7 +389,7 @@ def _triton_shape(m: re.Match[str]) -> Explained:
     )
 
 
-from usg.doctor.logs import rules_engines  # noqa: E402,F401  (registers its rules)
+from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 

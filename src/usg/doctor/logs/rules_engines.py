@@ -5,6 +5,7 @@ Registered into :data:`usg.doctor.logs.rules.RULES` on import (after the runtime
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -214,12 +215,34 @@ def _vlm(m: re.Match[str]) -> Explained:
             ev,
             R.CONFIG_INVALID,
         )
-    if tok - feat == 1:
-        why, fix = (
+    if tok == 1 and feat > 1:
+        return Explained(
+            f"the prompt has a single image token for {feat} image features: the processor did not expand the image "
+            "placeholder (its legacy path, taken when the processor config lacks patch_size / "
+            "num_additional_image_tokens / vision_feature_select_strategy — model files older than this transformers)",
+            "use the processor files saved for this transformers release (re-download the model's "
+            "processor_config.json) or set processor.patch_size, num_additional_image_tokens and "
+            "vision_feature_select_strategy from the model's config",
+            ev,
+            R.VERSION_COUPLING,
+        )
+    if tok - feat == 1 and any(math.isqrt(n) ** 2 == n for n in (tok, feat)):
+        why, fix = (  # off by one from one image's square patch grid: a CLS token counted on one side only
             "one more token than features: the processor counts a CLS token the tower does not emit "
             "(SigLIP has no CLS) or the strategy drops one",
             "num_additional_image_tokens=0 and vision_feature_select_strategy='full' for SigLIP towers; "
             "check with `usg doctor <model dir>`",
+        )
+    elif tok > feat:
+        return Explained(
+            f"the text has {tok - feat} image token(s) more than the images produce ({tok} tokens, {feat} features): "
+            "a sample carries an extra or misplaced image placeholder (conversation format), or generated text "
+            "contains the image token (RL rollouts feeding generations back)",
+            "check the failing sample's format (one <image> per image, where the template expects it) and strip the "
+            "image token id from generated ids; if every sample is off by one per image, the processor counts a CLS "
+            "token the tower lacks (SigLIP: num_additional_image_tokens=0)",
+            ev,
+            R.CONFIG_INVALID,
         )
     elif feat - tok == 1:
         why, fix = (
@@ -397,7 +420,7 @@ def _tactic_mem(m: re.Match[str]) -> Explained:
     "dtype not supported by the GPU",
     R.ENVIRONMENT,
     r"Bfloat16 is only supported on GPUs with compute capability of at least (?P<need>\d+(?:\.\d+)?)\.?\s*Your "
-    r"(?P<gpu>.+?) GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
+    r"(?P<gpu>.+?)\s*GPU has compute capability (?P<have>\d+(?:\.\d+)?)",
 )
 def _bf16(m: re.Match[str]) -> Explained:
     return Explained(

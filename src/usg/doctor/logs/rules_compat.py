@@ -1,0 +1,220 @@
+"""Log rules for artifacts, builds and GPUs that do not fit together: a TensorRT engine plan built by
+another TensorRT or on another GPU, kernels the GPU (or the install) lacks, an exporter that cannot
+write the opset asked for.
+
+Each message states both sides (the version or compute capability expected and the one found), so
+the rule reports them as evidence and says which side to change.
+
+Registered into :data:`usg.doctor.logs.rules.RULES` on import (before the drift rule).
+"""
+
+from __future__ import annotations
+
+import re
+
+from usg.doctor.findings import Severity
+from usg.doctor.logs.rule_base import Explained, R, _rule
+
+__all__: list[str] = []
+
+
+@_rule(
+    "LOG038",
+    "tensorrt",
+    "engine plan from another TensorRT or GPU",
+    R.VERSION_COUPLING,
+    r"engine plan file is (?:not compatible with this version of TensorRT, expecting library version "
+    r"(?P<runtime>[\d.]+) got (?P<plan>[\d.]+)|generated on an incompatible device, expecting compute "
+    r"(?P<gpu>[\d.]+) got compute (?P<built>[\d.]+))",
+    also=(R.ENVIRONMENT,),
+)
+def _trt_plan(m: re.Match[str]) -> Explained:
+    if m["runtime"]:
+        return Explained(
+            f"the engine was built with TensorRT {m['plan']} but is loaded by TensorRT {m['runtime']}: a plan "
+            "only loads in the TensorRT version that built it",
+            f"rebuild the engine with TensorRT {m['runtime']} (build inside the serving container/image), or serve "
+            f"it with TensorRT {m['plan']}; do not pip-install another TensorRT into a serving image",
+            {"runtime_tensorrt": m["runtime"], "engine_tensorrt": m["plan"]},
+        )
+    return Explained(
+        f"the engine was built on a GPU of compute capability {m['built']} and is loaded on one of {m['gpu']}: a "
+        "plan only runs on the GPU model it was built for",
+        f"rebuild the engine on the serving GPU (compute {m['gpu']}), one engine per GPU type",
+        {"runtime_compute_capability": m["gpu"], "engine_compute_capability": m["built"]},
+        R.ENVIRONMENT,
+    )
+
+
+@_rule(
+    "LOG039",
+    "cuda",
+    "kernels not available for this GPU or install",
+    R.ENVIRONMENT,
+    r"(?P<ampere>FlashAttention only supports Ampere GPUs or newer)"
+    r"|(?P<model>\w[\w ()./-]*?) requires Flash Attention enabled models"
+    r"|(?P<image>no kernel image is available for execution on the device)",
+)
+def _gpu_kernels(m: re.Match[str]) -> Explained:
+    if m["ampere"]:
+        why = "the FlashAttention kernels need an Ampere (compute capability 8.0) or newer GPU"
+        fix = "serve on an Ampere+ GPU, or turn flash attention off (TGI: USE_FLASH_ATTENTION=False; eager attention)"
+    elif m["model"]:
+        why = f"{m['model'].strip()} needs the flash-attention kernels, which this install or GPU does not provide"
+        fix = (
+            "use the official image on a GPU it supports (Ampere+ for flash attention v2), or install the kernels "
+            "(TGI: make install-flash-attention); without them serve unsharded"
+        )
+    else:
+        why = "the CUDA kernels of this build were not compiled for this GPU's architecture (compute capability)"
+        fix = (
+            "install a wheel/image built for your GPU's compute capability (or build from source with it in "
+            "TORCH_CUDA_ARCH_LIST / CUDA_ARCHS), or disable the kernel library that lacks it"
+        )
+    return Explained(why, fix, {"gpu_requirement": m.group(0)[:200]})
+
+
+@_rule(
+    "LOG041",
+    "tgi",
+    "flash-attention kernels not importable",
+    R.ENVIRONMENT,
+    r"Could not import Flash Attention enabled models: (?P<why>[^\n]*)",
+    Severity.WARNING,  # printed at every start of an install without them: the root only if nothing fails
+)
+def _no_flash(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the flash-attention kernels are not importable in this install ({m['why'].strip()[:120]}): models that "
+        "need them (sharded Llama and others) will not start",
+        "use the official Docker image, or build the kernels into this environment (TGI: make install-flash-attention)",
+        {"reason": m["why"].strip()[:200]},
+    )
+
+
+@_rule(
+    "LOG040",
+    "torch.onnx",
+    "exporter cannot write this opset",
+    R.VERSION_COUPLING,
+    r"Unsupported ONNX opset version:? (?P<opset>\d+)",
+    Severity.ERROR,
+)
+def _opset(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the installed exporter (torch.onnx) cannot write opset {m['opset']}: the export script asks for a newer "
+        "opset than this torch release knows",
+        f"upgrade torch to a release that exports opset {m['opset']}, or export with an older opset_version",
+        {"opset": int(m["opset"])},
+    )
+
+
+# architectures vLLM and SGLang have served since their first releases: reported "not supported", the model
+# module failed to import (a broken install), the architecture is not missing
+_BASIC_ARCHS = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2ForCausalLM",
+        "GPT2LMHeadModel",
+        "GPTNeoXForCausalLM",
+        "GPTBigCodeForCausalLM",
+        "GPTJForCausalLM",
+        "OPTForCausalLM",
+        "BloomForCausalLM",
+        "FalconForCausalLM",
+    }
+)
+
+
+@_rule(
+    "LOG042",
+    "vllm/sglang",
+    "known architecture reported unsupported",
+    R.ENVIRONMENT,
+    r"Model architectures? \[(?P<archs>[^\]\n]*)\] (?:are|is) not supported(?: for now)?\.?"
+    r"(?:\s*Supported architectures: (?P<supported>[^\n]*))?",
+)
+def _arch_import(m: re.Match[str]) -> Explained | None:
+    archs = re.findall(r"[\w.]+", m["archs"])
+    listed = [a for a in archs if m["supported"] and re.search(rf"['\"]{re.escape(a)}['\"]", m["supported"])]
+    basic = [a for a in archs if a in _BASIC_ARCHS]
+    if not (listed or basic):
+        return None  # not implemented, or only in a newer release: known cases decide
+    arch = (listed or basic)[0]
+    why = "it is in the engine's own list of supported architectures" if listed else "every release supports it"
+    return Explained(
+        f"{arch} is reported unsupported although {why}: its model module failed to import in this install",
+        "look above for the import error of the model module (a missing/mismatched dependency such as "
+        "transformers, flash-attn or triton, or a failing registry subprocess) and fix that install",
+        {"architecture": arch, "listed_as_supported": bool(listed)},
+    )
+
+
+_LIBRARIES = frozenset(
+    {
+        "transformers",
+        "torch",
+        "vllm",
+        "sglang",
+        "onnxruntime",
+        "onnx",
+        "tensorrt",
+        "tensorrt_llm",
+        "optimum",
+        "flashinfer",
+        "flash_attn",
+        "ray",
+        "openvino",
+        "triton",
+        "xformers",
+        "sgl_kernel",
+        "accelerate",
+        "peft",
+    }
+)
+
+
+@_rule(
+    "LOG043",
+    "python",
+    "module or name not importable",
+    R.ENVIRONMENT,
+    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'"
+    r"|ImportError: cannot import name '(?P<name>\w+)' from '(?P<src>[\w.]+)'",
+    also=(R.VERSION_COUPLING,),
+)
+def _import(m: re.Match[str]) -> Explained:
+    if m["name"]:  # the package is there but lacks the name: another release than the importer expects
+        top = m["src"].split(".")[0]
+        return Explained(
+            f"the installed {top} has no {m['name']} (in {m['src']}): it is another release than the code importing "
+            "it was written for",
+            f"install the {top} version the importing package pins (pip install '<importer>[...]' / its "
+            "requirements), or upgrade/downgrade both together",
+            {"name": m["name"], "module": m["src"]},
+            R.VERSION_COUPLING,
+        )
+    mod = m["mod"]
+    top = mod.split(".")[0]
+    if "." in mod and mod.rsplit(".", 1)[1].startswith("_"):  # vllm._C, torch._C: a compiled extension
+        return Explained(
+            f"the compiled extension {mod} is missing: {top} is a source checkout that was not built, or a wheel "
+            "built for another Python/platform",
+            f"install a {top} wheel for this Python and CUDA (or build the checkout: pip install -e . with its "
+            "build requirements); do not run from the source tree of an installed package",
+            {"module": mod, "package": top},
+        )
+    if "." in mod and top in _LIBRARIES:  # the library is installed, this submodule is not in its release
+        return Explained(
+            f"the installed {top} has no module {mod}: that release predates (or dropped) it",
+            f"upgrade {top} to a release that has {mod} (or install the version the caller pins)",
+            {"module": mod, "package": top},
+            R.VERSION_COUPLING,
+        )
+    return Explained(
+        f"Python module {mod!r} is not installed where this process runs",
+        f"install {top} in that environment (the container image, the Ray runtime_env / worker image, the venv), "
+        "or fix the import path of your own package",
+        {"module": mod},
+    )
