@@ -14,6 +14,7 @@ errors as values, so the router re-raises the original error type instead of a w
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,16 +28,19 @@ from usg.records import BatchEvent
 from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items
 from usg.runtime.runner import backend_for, concurrency_for
 from usg.scale.reply import ReplicaReply
+from usg.scale.transport import Reducer
 from usg.specs import TensorSpec
 
 __all__ = ["FnReplica", "ModelReplica"]
 
 
 class ModelReplica:
-    def __init__(self, model: ModelDef, reducers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, model: ModelDef, reducers: Mapping[str, Reducer] | None = None) -> None:
         self.model = model
         # output port -> reducer applied before replying (usg.scale.transport.output_reducers)
-        self.reducers = {port: import_callable(ref) for port, ref in (reducers or {}).items()}
+        self.reducers = {
+            port: functools.partial(import_callable(r.fn), **r.options) for port, r in (reducers or {}).items()
+        }
         self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
