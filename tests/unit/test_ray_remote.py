@@ -314,7 +314,12 @@ def _probability_map() -> np.ndarray:
     """A DB-like map: a few text-line blobs of varied strength (one below box_thresh) and speckle."""
     rng = np.random.default_rng(3)
     prob = rng.random((1, 1, 160, 320), dtype=np.float32) * 0.2
-    for y, x, h, w, v in ((10, 12, 14, 150, 0.9), (40, 30, 10, 220, 0.7), (70, 5, 18, 90, 0.45), (100, 200, 8, 60, 0.95)):
+    for y, x, h, w, v in (
+        (10, 12, 14, 150, 0.9),
+        (40, 30, 10, 220, 0.7),
+        (70, 5, 18, 90, 0.45),
+        (100, 200, 8, 60, 0.95),
+    ):
         prob[0, 0, y : y + h, x : x + w] = v
     prob[0, 0, 130:133, 40:43] = 0.99  # too small to be a box
     return prob

@@ -31,6 +31,7 @@ from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.contract import check_model_inputs, model_input_specs
+from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.events import (
     EventSink,
     ExecutionEvent,
@@ -166,6 +167,8 @@ class Executor:
     node in its own deployment). ``batching=False`` forces one backend call per item even
     where the graph declares a batch policy. ``timeout_s`` is the default per-request deadline.
     ``cache=False`` ignores the graph's ``cache:`` settings (no node is cached).
+    ``cpu_slots`` caps single-threaded CPU model calls in flight across all models (default:
+    the usable cores; 0: no cap; :mod:`usg.runtime.cpu_gate`).
     """
 
     def __init__(
@@ -179,8 +182,12 @@ class Executor:
         workers: int | None = None,
         observers: Sequence[Observer] = (),
         cache: bool = True,
+        cpu_slots: int | None = None,
     ) -> None:
         self.graph = graph
+        #: CPU-bound (single-threaded CPU) model calls in flight across models: at most one per
+        #: usable core by default (cpu_slots=0: no cap); see usg.runtime.cpu_gate
+        self.cpu_gate = CpuGate(cpu_slots)
         self.timeout_s = timeout_s
         self.batching = batching
         self.observers = list(observers)
@@ -272,8 +279,11 @@ class Executor:
                 listeners=listeners,
                 call_timeout_s=model.call_timeout_s,
                 state=model.state,
+                gate=self.cpu_gate,
             )
-        return DirectRunner(name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s)
+        return DirectRunner(
+            name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s, gate=self.cpu_gate
+        )
 
     async def aclose(self) -> None:
         """Stop runners (finishing queued items) and close backends."""
