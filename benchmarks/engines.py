@@ -120,9 +120,8 @@ def _measure(
         served = _served(port) - served0
         result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
         moved = _remote_bytes(port)
-        result["object_store_mb_per_request"] = (
-            (moved.get("object_store", 0.0) - bytes0.get("object_store", 0.0)) / 1e6 / max(1, served)
-        )
+        for via in ("object_store", "grpc"):
+            result[f"{via}_mb_per_request"] = (moved.get(via, 0.0) - bytes0.get(via, 0.0)) / 1e6 / max(1, served)
         return result
     finally:
         server.send_signal(signal.SIGTERM)
@@ -146,7 +145,8 @@ def main() -> None:
         NO_CACHE.clear()
     os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
     print(
-        f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10} {'store MB/req':>12}"
+        f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10} "
+        f"{'MB/req store':>12} {'MB/req gRPC':>11}"
     )
     ratios, cpu_ratios = [], []
     for r in range(1, args.rounds + 1):
@@ -158,7 +158,8 @@ def main() -> None:
             res = {k: (float("nan") if v is None else v) for k, v in res.items()}  # nothing completed
             print(
                 f"{r:>5} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} {res['p95_ms']:>8.0f} "
-                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} {res['object_store_mb_per_request']:>12.2f}"
+                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} "
+                f"{res['object_store_mb_per_request']:>12.2f} {res['grpc_mb_per_request']:>11.2f}"
             )
         ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
         ratios.append(ratio)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,25 @@ def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
     assert (event.model, event.items, event.ok) == ("m", 3, True) and len(event.queue_ms) == 3
     assert {r.batch_size for r in replies} == {3} and {r.compute_ms for r in replies} == {event.compute_ms}
     assert replica.stats() == {"items": 3, "calls": 1}
+
+
+def test_a_model_replica_batches_at_its_controllers_cap() -> None:
+    """@serve.batch's cap and wait follow the replica's batch controller (its decisions are
+    tested in test_controller.py); with ``adaptive: false`` the declared values hold."""
+    import time
+
+    from usg.graph.model import BatchPolicy
+    from usg.scale.ray_replicas import ModelReplica
+
+    policy = BatchPolicy(max_size=8, max_delay_ms=50, adaptive=True)
+    replica = ModelReplica(one_model_graph("testops:doubled", output="y", batch=policy).models["m"])
+    assert replica.controller is not None and replica._batched._get_max_batch_size() == 8
+    replica.controller._i = 0  # as after a decision for cap 1
+    gathered = [({"x": np.full((1, 2), i, np.float32)}, time.perf_counter()) for i in range(2)]
+    asyncio.run(replica._run_batch(gathered))
+    assert replica._batched._get_max_batch_size() == 1 and replica._batched._get_batch_wait_timeout_s() == 0.0
+    fixed = dataclasses.replace(policy, adaptive=False)
+    assert ModelReplica(one_model_graph("testops:doubled", output="y", batch=fixed).models["m"]).controller is None
 
 
 def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
