@@ -203,9 +203,9 @@ class BatchKernel:
 
         ``start``: when the first call of a retry began (its time counts as the item's wait).
         Returns the error of a failed call that was not delivered, else None."""
+        if self.gate is None or not self.gate.applies(self.backend):
+            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, None, alone)
         queued = time.perf_counter()
-        if self.gate is None:
-            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone)
         async with self.gate.hold(self.backend):  # waiting for a core is queueing, not compute
             return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone)
 
@@ -218,11 +218,12 @@ class BatchKernel:
         pool: PoolExecutor | None,
         deliver: Deliver,
         emit: Emit,
-        queued: float,
+        queued: float | None,
         alone: bool,
     ) -> USGError | None:
         t0 = time.perf_counter()
-        since = (t0 - (queued if start is None else start)) * 1e3
+        since_t = start if start is not None else queued  # a retry's first start, else the gate wait
+        since = 0.0 if since_t is None else (t0 - since_t) * 1e3
         waits = tuple(waits_ms[i] + since for i in indices)
         real = padded = 0
         try:
