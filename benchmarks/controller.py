@@ -8,6 +8,9 @@ the four documents repeat, so with the cache on every request after the first fo
   fixed       the same graph with ``batch.adaptive: false`` on every batching model (the
               declared max_size / max_delay_ms hold: the behaviour before the controller)
   tuned       the graph with its ``usg tune`` sidecar (GRAPH.tuned.yaml) merged in
+  gated       (--gated) the graph as written with ``Executor(cpu_slots=None)``: single-threaded
+              CPU calls in flight across models capped at the usable cores (usg.runtime.cpu_gate;
+              off by default since the low-load run in benchmarks/README.md, where it cost 3% req/s)
 
 Each round builds a fresh executor, so the controller starts from the declared values every
 round and its convergence is inside the measurement. After each controller round the
@@ -84,10 +87,12 @@ async def closed_loop(
     return {"done": done, "latencies": latencies, "cpu_s": cpu_s, "det": det}
 
 
-async def one_round(name: str, graph: Graph, inputs: list[dict[str, Any]], clients: int, duration: float) -> dict:
+async def one_round(
+    name: str, graph: Graph, inputs: list[dict[str, Any]], clients: int, duration: float, cpu_slots: int | None = None
+) -> dict:
     obs = BreakdownObserver()
     # this shared CPU is slow: no request may time out
-    async with Executor(graph, timeout_s=900, cache=False, observers=[obs]) as ex:
+    async with Executor(graph, timeout_s=900, cache=False, observers=[obs], cpu_slots=cpu_slots) as ex:
         outs = await asyncio.gather(*(ex.infer(i) for i in inputs))
         text = [[ln["text"] for ln in o.outputs["lines"]] for o in outs]
         obs.bind_runners(ex.runners)
@@ -118,15 +123,18 @@ async def one_round(name: str, graph: Graph, inputs: list[dict[str, Any]], clien
     }
 
 
-async def run(sidecar: Path, rounds: int, duration: float, clients: int) -> None:
+async def run(sidecar: Path, rounds: int, duration: float, clients: int, gated: bool = False) -> None:
     written = load_graph(GRAPH, export_missing=True)
     variants = {"written": written, "fixed": fixed(written), "tuned": apply_sidecar(written, sidecar)}
+    if gated:  # the graph as written with the executor's cap on CPU-bound calls in flight
+        variants["gated"] = written
     inputs = [{"image": d} for d in documents()]
     results: dict[str, list[dict]] = {k: [] for k in variants}
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
-            res = await one_round(name, variants[name], inputs, clients, duration)
+            slots = None if name == "gated" else 0
+            res = await one_round(name, variants[name], inputs, clients, duration, slots)
             results[name].append(res)
             print(
                 f"round {r + 1} {name:<11} {res['rps']:6.2f} req/s  p95 {res['p95']:7.0f} ms  n={res['n']}  "
@@ -134,7 +142,7 @@ async def run(sidecar: Path, rounds: int, duration: float, clients: int) -> None
                 flush=True,
             )
             print(f"    calls by batch size (measured window): {res['sizes']}", flush=True)
-            if name == "written":
+            if name in ("written", "gated"):
                 for t, model, cap, wait, reason in res["decisions"]:
                     when = "  end" if t == float("inf") else f"{t:5.1f}s"
                     print(f"    {when} {model:<8} cap {cap:>2} wait {wait:4.1f} ms  {reason}", flush=True)
@@ -155,6 +163,7 @@ async def run(sidecar: Path, rounds: int, duration: float, clients: int) -> None
         (a, b, key)
         for key in ("rps", "det_s")
         for a, b in (("written", "tuned"), ("fixed", "tuned"), ("written", "fixed"))
+        + ((("written", "gated"),) if gated else ())
     ]
     for a, b, key in pairs:
         per_round = [x[key] / y[key] if y[key] else float("nan") for x, y in zip(results[a], results[b], strict=True)]
@@ -173,12 +182,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--gated", action="store_true", help="also the graph as written with Executor(cpu_slots=None)")
     args = ap.parse_args()
     if not args.sidecar.exists():
         raise SystemExit(
             f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"
         )
-    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients))
+    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients, args.gated))
 
 
 if __name__ == "__main__":

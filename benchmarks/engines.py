@@ -60,8 +60,21 @@ def _served(port: int) -> float:
     )
 
 
-def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
-    port = _free_port()
+def _remote_bytes(port: int) -> dict[str, float]:
+    """Bytes the router sent to and received from replicas so far, by transport (Ray engine only)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("usg_remote_bytes_total{"):
+            transport = line.split('transport="', 1)[1].split('"', 1)[0]
+            out[transport] = out.get(transport, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _measure(
+    engine: str, graph: Path, concurrency: int, duration: float, warmup: float, port: int | None = None
+) -> dict[str, Any]:
+    port = port or _free_port()
     log = Path(tempfile.gettempdir()) / f"usg-engines-{engine}-{port}.log"
     with log.open("wb") as fh:
         server = subprocess.Popen(
@@ -81,7 +94,7 @@ def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        cpu0, served0 = _tree_cpu_s(server.pid), _served(port)
+        cpu0, served0, bytes0 = _tree_cpu_s(server.pid), _served(port), _remote_bytes(port)
         out = subprocess.run(
             [
                 str(USG),
@@ -106,6 +119,9 @@ def _measure(engine: str, graph: Path, concurrency: int, duration: float, warmup
         # it answered (warm-up included): what the engine costs, whatever else runs on the machine
         served = _served(port) - served0
         result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
+        moved = _remote_bytes(port)
+        for via in ("object_store", "grpc"):
+            result[f"{via}_mb_per_request"] = (moved.get(via, 0.0) - bytes0.get(via, 0.0)) / 1e6 / max(1, served)
         return result
     finally:
         server.send_signal(signal.SIGTERM)
@@ -123,22 +139,27 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-cache-flag", choices=["on", "off"], default="on")
+    ap.add_argument("--port", type=int, default=None, help="the servers' HTTP port (default: a free one)")
     args = ap.parse_args()
     if args.no_cache_flag == "off":
         NO_CACHE.clear()
     os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
-    print(f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10}")
+    print(
+        f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10} "
+        f"{'MB/req store':>12} {'MB/req gRPC':>11}"
+    )
     ratios, cpu_ratios = [], []
     for r in range(1, args.rounds + 1):
         order = ["embedded", "ray"] if r % 2 else ["ray", "embedded"]
         got = {}
         for engine in order:
-            res = _measure(engine, args.graph, args.concurrency, args.duration, args.warmup)
+            res = _measure(engine, args.graph, args.concurrency, args.duration, args.warmup, args.port)
             got[engine] = res
             res = {k: (float("nan") if v is None else v) for k, v in res.items()}  # nothing completed
             print(
                 f"{r:>5} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} {res['p95_ms']:>8.0f} "
-                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f}"
+                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} "
+                f"{res['object_store_mb_per_request']:>12.2f} {res['grpc_mb_per_request']:>11.2f}"
             )
         ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
         ratios.append(ratio)

@@ -163,6 +163,18 @@ def test_light_traffic_never_probes_a_cap_the_queue_cannot_fill():
     assert max(sim.caps[-1900:]) == 1  # a probe under way when traffic fell is abandoned
 
 
+def test_calls_that_never_fill_the_cap_still_lead_to_the_cheapest_size():
+    # PP-OCR rec under usg bench: a document's 3-4 crops arrive together, so at cap 8 every call
+    # holds 3-4 items and cap 8's own cost is never measured; the cap comes down to 4 (no call
+    # changes), then the probes below it find 1
+    ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    sim.depth = 4
+    sim.run(400, superlinear(0.0, 0.7, 0.3))
+    assert [d.cap for d in ctl.decisions][:2] == [8, 4] and "calls reach 4 items" in ctl.decisions[1].reason
+    assert ctl.settled_cap == 1
+    assert settled_changes(ctl, after=sim.now / 2) == 0
+
+
 def test_failed_calls_are_not_costs():
     ctl, _ = make(BatchPolicy(max_size=8, adaptive=True))
     for _ in range(100):

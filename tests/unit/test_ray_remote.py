@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,25 @@ def test_a_model_replica_runs_a_gathered_batch_and_reports_it_once() -> None:
     assert replica.stats() == {"items": 3, "calls": 1}
 
 
+def test_a_model_replica_batches_at_its_controllers_cap() -> None:
+    """@serve.batch's cap and wait follow the replica's batch controller (its decisions are
+    tested in test_controller.py); with ``adaptive: false`` the declared values hold."""
+    import time
+
+    from usg.graph.model import BatchPolicy
+    from usg.scale.ray_replicas import ModelReplica
+
+    policy = BatchPolicy(max_size=8, max_delay_ms=50, adaptive=True)
+    replica = ModelReplica(one_model_graph("testops:doubled", output="y", batch=policy).models["m"])
+    assert replica.controller is not None and replica._batched._get_max_batch_size() == 8
+    replica.controller._i = 0  # as after a decision for cap 1
+    gathered = [({"x": np.full((1, 2), i, np.float32)}, time.perf_counter()) for i in range(2)]
+    asyncio.run(replica._run_batch(gathered))
+    assert replica._batched._get_max_batch_size() == 1 and replica._batched._get_batch_wait_timeout_s() == 0.0
+    fixed = dataclasses.replace(policy, adaptive=False)
+    assert ModelReplica(one_model_graph("testops:doubled", output="y", batch=fixed).models["m"]).controller is None
+
+
 def test_the_router_separates_the_hop_from_the_replicas_compute() -> None:
     """A remote model's node event: compute is the replica's, the rest of the round trip is waiting."""
     from usg.records import NodeEvent
@@ -274,14 +294,14 @@ def test_a_derived_array_travels_as_its_source_and_arrives_equal() -> None:
     from usg.scale.transport import payload_bytes
 
     image = np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)
-    x = derived(_det_input, image)
-    np.testing.assert_array_equal(x, _det_input(image))  # in this process: the array itself
+    x = derived(_det_input, image, 32)
+    np.testing.assert_array_equal(x, _det_input(image, 32))  # in this process: the array itself
     wire = pickle.dumps(x, protocol=5)
     assert len(wire) < image.nbytes + 1024 < x.nbytes  # it pickles as the uint8 image
     back = pickle.loads(wire)
     assert type(back) is np.ndarray and back.dtype == np.float32
     np.testing.assert_array_equal(back, x)
-    assert payload_bytes({"x": x}) == image.nbytes
+    assert payload_bytes({"x": x}) == image.nbytes + 8  # the image and det's limit_side_len
     assert len(pickle.dumps(x[:, :1], protocol=5)) > x[:, :1].nbytes  # a view is a plain array again
 
 
@@ -292,12 +312,15 @@ def test_rec_output_is_reduced_on_its_replica_only_where_every_reader_declares_i
     from usg.graph.model import Ref
     from usg.ops.ocr import ctc_decode
     from usg.ops.wire import best_path
-    from usg.scale.transport import output_reducers
+    from usg.scale.transport import Reducer, output_reducers
 
     g = load_graph(Path(__file__).resolve().parents[2] / "examples" / "document_ocr" / "graph.yaml")
-    assert output_reducers(g) == {"rec": {"out": "usg.ops.wire:best_path"}}
+    assert output_reducers(g) == {
+        "det": {"out": Reducer("usg.ops.ocr_db:det_candidates")},
+        "rec": {"out": Reducer("usg.ops.wire:best_path")},
+    }
     exported = dataclasses.replace(g, outputs={**g.outputs, "probs": Ref("rec", "out")})
-    assert output_reducers(exported) == {}  # a graph output keeps its full value
+    assert "rec" not in output_reducers(exported)  # a graph output keeps its full value
     probs = np.random.default_rng(1).random((1, 12, 40), dtype=np.float32)
     box = np.array([[0, 0], [10, 0], [10, 5], [0, 5]], np.float32)
     meta = {"ops": [], "raw_shape": (100, 100)}
@@ -305,3 +328,49 @@ def test_rec_output_is_reduced_on_its_replica_only_where_every_reader_declares_i
     full = ctc_decode([probs], [box], meta, vocab_model=vocab, text_score=0.0)
     reduced = ctc_decode([best_path(probs)], [box], meta, vocab_model=vocab, text_score=0.0)
     assert full == reduced and full["lines"]
+
+
+def _probability_map() -> np.ndarray:
+    """A DB-like map: a few text-line blobs of varied strength (one below box_thresh) and speckle."""
+    rng = np.random.default_rng(3)
+    prob = rng.random((1, 1, 160, 320), dtype=np.float32) * 0.2
+    for y, x, h, w, v in (
+        (10, 12, 14, 150, 0.9),
+        (40, 30, 10, 220, 0.7),
+        (70, 5, 18, 90, 0.45),
+        (100, 200, 8, 60, 0.95),
+    ):
+        prob[0, 0, y : y + h, x : x + w] = v
+    prob[0, 0, 130:133, 40:43] = 0.99  # too small to be a box
+    return prob
+
+
+def test_det_boxes_are_read_on_the_replica_exactly_as_rapidocr_reads_the_whole_map() -> None:
+    import dataclasses
+    import pickle
+
+    from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess
+
+    from usg.graph import load_graph
+    from usg.ops.ocr import det_postprocess
+    from usg.ops.ocr_db import det_candidates, scale_candidates
+    from usg.scale.transport import Reducer, output_reducers, payload_bytes
+
+    prob = _probability_map()
+    for box_thresh, unclip in ((0.5, 1.6), (0.3, 2.0)):
+        post = DBPostProcess(0.3, box_thresh, 1000, unclip, "fast", use_dilation=True)
+        expected, _ = post(prob, (461, 900))
+        found = det_candidates(prob, box_thresh=box_thresh, unclip_ratio=unclip)
+        got = scale_candidates(pickle.loads(pickle.dumps(found)), (461, 900))
+        assert len(got) == len(expected) >= 2 and all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+        assert payload_bytes(found) < 1024 < prob.nbytes  # boxes cross, not the map
+        meta = {"image": np.zeros((461, 900, 3), np.uint8)}
+        opts = {"box_thresh": box_thresh, "unclip_ratio": unclip}
+        full, reduced = det_postprocess(prob, meta, **opts)["boxes"], det_postprocess(found, meta, **opts)["boxes"]
+        assert [b.tolist() for b in full] == [b.tolist() for b in reduced]
+    assert len(det_candidates(prob, box_thresh=0.3).boxes) > len(det_candidates(prob).boxes)  # the option matters
+    # the replica reads det's map with the reading node's options
+    g = load_graph(Path(__file__).resolve().parents[2] / "examples" / "document_ocr" / "graph.yaml")
+    node = dataclasses.replace(g.nodes["boxes"], options={"box_thresh": 0.4})
+    tuned = dataclasses.replace(g, nodes={**g.nodes, "boxes": node})
+    assert output_reducers(tuned)["det"] == {"out": Reducer("usg.ops.ocr_db:det_candidates", {"box_thresh": 0.4})}

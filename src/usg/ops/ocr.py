@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 
 from usg.errors import MissingDependency, PayloadTooLarge
+from usg.ops.ocr_db import DetCandidates, det_candidates, scale_candidates
 from usg.ops.signature import ListOf, op
 from usg.ops.wire import BestPath, best_path, derived
 from usg.specs import TensorSpec
@@ -50,19 +51,10 @@ def _rapidocr() -> Any:
 
 
 @cache
-def _det_helpers(limit_side_len: int, thresh: float, box_thresh: float, unclip_ratio: float) -> tuple[Any, Any]:
-    from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
+def _det_resizer(limit_side_len: int) -> Any:
+    from rapidocr_onnxruntime.ch_ppocr_det.utils import DetPreProcess
 
-    pre = DetPreProcess(limit_side_len, "min", [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
-    post = DBPostProcess(
-        thresh=thresh,
-        box_thresh=box_thresh,
-        max_candidates=1000,
-        unclip_ratio=unclip_ratio,
-        score_mode="fast",
-        use_dilation=True,
-    )
-    return pre, post
+    return DetPreProcess(limit_side_len, "min", [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 
 
 def _scaled(h: int, w: int, ratio: float) -> tuple[int, int]:
@@ -140,14 +132,15 @@ def det_preprocess(
         top = int(abs(new_h - h) / 2)
         img = utils.add_round_letterbox(img, (top, top, 0, 0))
     ops.append(("padding", {"top": top, "left": 0}))
-    pre, _ = _det_helpers(limit_side_len, 0.3, 0.5, 1.6)
-    resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
     meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
-    # between processes (the Ray engine) x travels as the uint8 image and is normalised on det's replica
-    return {"x": derived(_det_input, resized), "meta": meta}
+    # between processes (the Ray engine) x travels as the uint8 image before det's resize (which only
+    # ever scales up), and is resized and normalised on det's replica
+    return {"x": derived(_det_input, img, limit_side_len), "meta": meta}
 
 
-def _det_input(resized: np.ndarray) -> np.ndarray:
+def _det_input(img: np.ndarray, limit_side_len: int = 736) -> np.ndarray:
+    pre = _det_resizer(limit_side_len)
+    resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
     # (x / 255 - 0.5) / 0.5 in float32 (RapidOCR computes it in float64 and casts: same values to ~1e-7,
     # at a third of the cost on a 1536x736 page)
     x = resized.astype(np.float32)
@@ -179,14 +172,18 @@ def _sorted_boxes(boxes: list[np.ndarray]) -> list[np.ndarray]:
 @op(
     inputs={"prob": TensorSpec("float32", (1, 1, None, None))},
     outputs={"boxes": ListOf(TensorSpec("float32", (4, 2)))},
+    # the Ray engine reads the boxes off the map on det's replica: boxes cross, not the float32 map
+    reducers={"prob": "usg.ops.ocr_db:det_candidates"},
 )
 def det_postprocess(
-    prob: np.ndarray, meta: dict[str, Any], *, box_thresh: float = 0.5, unclip_ratio: float = 1.6
+    prob: np.ndarray | DetCandidates, meta: dict[str, Any], *, box_thresh: float = 0.5, unclip_ratio: float = 1.6
 ) -> dict[str, Any]:
-    """DB probability map → text boxes (4×2, in the pre-processed image) in reading order."""
-    _, post = _det_helpers(736, 0.3, box_thresh, unclip_ratio)
+    """DB probability map (or the :class:`~usg.ops.ocr_db.DetCandidates` read off it) → text boxes
+    (4×2, in the pre-processed image) in reading order."""
+    if not isinstance(prob, DetCandidates):
+        prob = det_candidates(prob, box_thresh=box_thresh, unclip_ratio=unclip_ratio)
     h, w = meta["image"].shape[:2]
-    boxes, _scores = post(prob, (h, w))
+    boxes = scale_candidates(prob, (h, w))
     kept: list[np.ndarray] = []
     for box in boxes:
         box = _order_clockwise(np.asarray(box, dtype=np.float32))

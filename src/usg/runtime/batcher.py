@@ -29,6 +29,7 @@ from usg.graph.model import BatchPolicy, PadPolicy
 from usg.graph.state import StateSpec
 from usg.records import BatchEvent, ItemTiming
 from usg.runtime.controller import BatchController
+from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.kernel import BatchKernel, Outcome
 from usg.runtime.padding import group_key, item_length, item_rows, padded_elements
 
@@ -69,6 +70,7 @@ class BatchingRunner:
         listeners: Sequence[Callable[[BatchEvent], None]] | None = None,
         call_timeout_s: float | None = None,
         state: StateSpec | None = None,
+        gate: CpuGate | None = None,
     ) -> None:
         self.model = model
         self.state = state
@@ -92,6 +94,7 @@ class BatchingRunner:
             call_timeout_s=call_timeout_s,
             max_parallel_retries=policy.max_size,
             state=state,
+            gate=gate,
         )
         #: the dynamic batch controller (``batch.adaptive``); None: the declared values hold
         self.controller: BatchController | None = (

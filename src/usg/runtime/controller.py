@@ -217,7 +217,14 @@ class BatchController:
             return
         here = self._known(self._i)
         if here is None:
-            return  # calls are not filling this cap's bin (light traffic): the cap does not matter
+            # calls do not reach this cap (the queue never holds that many): lowering it to the
+            # largest size they reach changes no call, and lets the next decisions compare and probe
+            # from there (at cap 8 with calls of 3-4 items, cap 4 against 2 and 1)
+            reached = [j for j in range(self._i) if self._known(j, max_age=1) is not None]
+            if reached:
+                j = max(reached)
+                self._move(j, f"calls reach {self.sizes[j]} items at most: cap {self.cap} -> {self.sizes[j]}")
+            return
         drift = abs(here - self._settled_cost) if self._settled_cost is not None else 0.0
         noise = 2 * self._bins[self._i].stderr(self.alpha)
         if self._settled_cost is not None and drift > max(self.hysteresis * self._settled_cost, noise):

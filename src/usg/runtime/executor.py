@@ -31,6 +31,7 @@ from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.contract import InputCheck, model_input_specs
+from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.events import (
     EventSink,
     ExecutionEvent,
@@ -166,6 +167,9 @@ class Executor:
     node in its own deployment). ``batching=False`` forces one backend call per item even
     where the graph declares a batch policy. ``timeout_s`` is the default per-request deadline.
     ``cache=False`` ignores the graph's ``cache:`` settings (no node is cached).
+    ``cpu_slots`` caps single-threaded CPU model calls in flight across all models (``None``:
+    the usable cores; default 0, no cap: at low load the cap cost 3% req/s on the document graph,
+    benchmarks/README.md; :mod:`usg.runtime.cpu_gate`).
     """
 
     def __init__(
@@ -179,8 +183,12 @@ class Executor:
         workers: int | None = None,
         observers: Sequence[Observer] = (),
         cache: bool = True,
+        cpu_slots: int | None = 0,
     ) -> None:
         self.graph = graph
+        #: CPU-bound (single-threaded CPU) model calls in flight across models: at most one per
+        #: usable core with cpu_slots=None (the default 0: no cap); see usg.runtime.cpu_gate
+        self.cpu_gate = CpuGate(cpu_slots)
         self.timeout_s = timeout_s
         self.batching = batching
         self.observers = list(observers)
@@ -275,8 +283,11 @@ class Executor:
                 listeners=listeners,
                 call_timeout_s=model.call_timeout_s,
                 state=model.state,
+                gate=self.cpu_gate,
             )
-        return DirectRunner(name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s)
+        return DirectRunner(
+            name, backend, self._pool, concurrency=concurrency, call_timeout_s=model.call_timeout_s, gate=self.cpu_gate
+        )
 
     async def aclose(self) -> None:
         """Stop runners (finishing queued items) and close backends."""

@@ -39,6 +39,7 @@ from usg.errors import BackendError, USGError
 from usg.graph.model import PadPolicy
 from usg.graph.state import StateSpec
 from usg.records import BatchEvent, ItemTiming
+from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.padding import assemble, group_key, item_length, item_rows, split_outputs
 
 __all__ = [
@@ -132,10 +133,13 @@ class BatchKernel:
         call_timeout_s: float | None = None,
         max_parallel_retries: int = 8,
         state: StateSpec | None = None,
+        gate: CpuGate | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.pad = pad
+        #: the executor's cap on CPU-bound calls in flight (usg.runtime.cpu_gate); None: no cap
+        self.gate = gate
         #: a stateful model's state: stacked on its batch axis per call, split back per item
         self.state = state
         self.pool = pool
@@ -199,8 +203,27 @@ class BatchKernel:
 
         ``start``: when the first call of a retry began (its time counts as the item's wait).
         Returns the error of a failed call that was not delivered, else None."""
+        if self.gate is None or not self.gate.applies(self.backend):
+            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, None, alone)
+        queued = time.perf_counter()
+        async with self.gate.hold(self.backend):  # waiting for a core is queueing, not compute
+            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone)
+
+    async def _call_now(
+        self,
+        items: Sequence[Mapping[str, Any]],
+        indices: tuple[int, ...],
+        waits_ms: Sequence[float],
+        start: float | None,
+        pool: PoolExecutor | None,
+        deliver: Deliver,
+        emit: Emit,
+        queued: float | None,
+        alone: bool,
+    ) -> USGError | None:
         t0 = time.perf_counter()
-        since = 0.0 if start is None else (t0 - start) * 1e3
+        since_t = start if start is not None else queued  # a retry's first start, else the gate wait
+        since = 0.0 if since_t is None else (t0 - since_t) * 1e3
         waits = tuple(waits_ms[i] + since for i in indices)
         real = padded = 0
         try:

@@ -18,6 +18,7 @@ from usg.backends import create_backend
 from usg.backends.base import Backend
 from usg.graph.model import ModelDef
 from usg.records import ItemTiming
+from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.kernel import call_backend, call_with_deadline
 
 __all__ = ["DirectRunner", "ItemTiming", "ModelRunner", "backend_for", "concurrency_for"]
@@ -64,6 +65,7 @@ class ModelRunner(Protocol):
 class DirectRunner:
     """One backend call per item, at most ``concurrency`` at a time (like one Triton instance).
 
+    With ``gate`` a single-threaded CPU call also waits for a core (:mod:`usg.runtime.cpu_gate`).
     With ``call_timeout_s`` a call past the deadline fails (and frees its slot) with a
     BackendError; see :mod:`usg.runtime.kernel`. A remote backend (``backend.remote``) is
     awaited directly with no local cap: the remote deployment queues, batches and pushes back.
@@ -77,12 +79,14 @@ class DirectRunner:
         *,
         concurrency: int = 1,
         call_timeout_s: float | None = None,
+        gate: CpuGate | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
         self.pool = pool
         self.call_timeout_s = call_timeout_s
         self._sem = asyncio.Semaphore(max(1, concurrency))
+        self._gate = gate or CpuGate(0)  # the executor's cap on CPU-bound calls in flight
 
     @property
     def batches(self) -> bool:
@@ -119,7 +123,7 @@ class DirectRunner:
                 timing.queue_ms = round_trip - timing.compute_ms
                 timing.batch_size = far.batch_size
             return out
-        async with self._sem:
+        async with self._sem, self._gate.hold(self.backend):
             t1 = time.perf_counter()
             if self.backend.runs_inline(item):
                 out = call_backend(self.backend, self.model, item)

@@ -2,7 +2,8 @@
 
 A model replica loads the same backend the in-process executor would
 (:func:`usg.runtime.runner.backend_for`) and batches calls with ``@serve.batch`` sized from the
-model's batch policy (max size, wait, concurrent batches = ``options.concurrency``); a batch
+model's batch policy (max size, wait, concurrent batches = ``options.concurrency``), the cap and
+wait then set by the dynamic batch controller where the in-process batcher would run it; a batch
 is split into shape-compatible groups and run by :func:`usg.runtime.kernel.run_items`
 (the in-process batcher's kernel: padding, poison isolation, call deadline), and each backend call's
 :class:`~usg.records.BatchEvent` travels back in a :class:`~usg.scale.reply.ReplicaReply`
@@ -17,6 +18,7 @@ errors as values, so the router re-raises the original error type instead of a w
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -27,9 +29,12 @@ from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, USGError
 from usg.graph.model import ModelDef, NodeDef
 from usg.records import BatchEvent, ItemTiming
+from usg.runtime.batcher import controlled
+from usg.runtime.controller import BatchController
 from usg.runtime.kernel import BatchKernel, call_with_deadline, run_items, timeout_error
 from usg.runtime.runner import backend_for, concurrency_for
 from usg.scale.reply import ReplicaReply
+from usg.scale.transport import Reducer
 from usg.specs import TensorSpec
 
 __all__ = ["FnReplica", "ModelReplica"]
@@ -38,10 +43,12 @@ _DONE = object()
 
 
 class ModelReplica:
-    def __init__(self, model: ModelDef, reducers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, model: ModelDef, reducers: Mapping[str, Reducer] | None = None) -> None:
         self.model = model
         # output port -> reducer applied before replying (usg.scale.transport.output_reducers)
-        self.reducers = {port: import_callable(ref) for port, ref in (reducers or {}).items()}
+        self.reducers = {
+            port: functools.partial(import_callable(r.fn), **r.options) for port, r in (reducers or {}).items()
+        }
         self.backend = backend_for(model)
         self.backend.load()
         self.batching = model.batch.enabled
@@ -65,6 +72,14 @@ class ModelReplica:
         )
         self._items = 0
         self._backend_calls = 0
+        # the dynamic batch controller, as in-process (usg.runtime.controller): on where the
+        # batcher would turn it on; it sets @serve.batch's cap and wait from the calls it sees
+        self.controller = (
+            BatchController(model.name, model.batch)
+            if self.batching and controlled(model.batch, self.backend)
+            else None
+        )
+        self._queued = 0  # items handed to @serve.batch and not yet in a batch (the queue's depth)
 
     def stats(self) -> dict[str, int]:
         """Items this replica ran and backend calls it made (items / calls = mean batch size)."""
@@ -75,6 +90,7 @@ class ModelReplica:
 
     async def __call__(self, item: Mapping[str, Any]) -> ReplicaReply:
         if self.batching:
+            self._queued += 1
             reply: ReplicaReply = await self._batched((item, time.perf_counter()))
             return reply
         async with self._calls:
@@ -146,11 +162,19 @@ class ModelReplica:
 
     async def _run_batch(self, entries: list[tuple[Mapping[str, Any], float]]) -> list[ReplicaReply]:
         started = time.perf_counter()
+        if self.controller is not None:
+            self.controller.formed(self._queued)
+        self._queued = max(0, self._queued - len(entries))
         items = [item for item, _ in entries]
         waits = [(started - enqueued) * 1e3 for _, enqueued in entries]
         results, calls = await run_items(self._kernel, items, waits)
         self._items += len(items)
         self._backend_calls += len(calls)
+        if self.controller is not None:
+            for call in calls:
+                self.controller.observe(call.event)
+            self._batched.set_max_batch_size(self.controller.cap)
+            self._batched.set_batch_wait_timeout_s(self.controller.wait_ms / 1e3)
         # each call's event rides back with the first item it ran, so the router counts it once;
         # every item carries the compute and size of the (last) call that ran it
         events: dict[int, list[BatchEvent]] = {}

@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from usg.graph.model import Graph
+from usg.graph.model import Graph, NodeDef
 from usg.ops.wire import wire_source
 
-__all__ = ["GRPC_MAX_BYTES", "INLINE_MAX_BYTES", "Transport", "grpc_env", "output_reducers", "payload_bytes"]
+__all__ = [
+    "GRPC_MAX_BYTES",
+    "INLINE_MAX_BYTES",
+    "Reducer",
+    "Transport",
+    "grpc_env",
+    "output_reducers",
+    "payload_bytes",
+]
 
 # Ray's max_direct_call_object_size: a task argument or result up to this size travels inline
 INLINE_MAX_BYTES = 100 * 1024
@@ -117,39 +126,53 @@ class Transport:
         self.count("reply", transport, size)
 
 
-def output_reducers(graph: Graph) -> dict[str, dict[str, str]]:
+@dataclass(frozen=True)
+class Reducer:
+    """What a model's replica applies to one output before replying: ``fn(value, **options)``."""
+
+    fn: str  # "module:function"
+    options: Mapping[str, Any] = field(default_factory=dict)  # the reading node's options fn accepts
+
+
+def _reducer_of(node: NodeDef, port: str) -> Reducer | None:
+    from usg.callables import accepted_params, import_callable
+    from usg.ops.signature import signature_of
+
+    sig = signature_of(import_callable(node.fn)) if node.fn is not None else None
+    ref = sig.reducers.get(port) if sig is not None else None
+    if ref is None:
+        return None
+    names, var_kw = accepted_params(import_callable(ref))
+    return Reducer(ref, {k: v for k, v in node.options.items() if var_kw or k in names})
+
+
+def output_reducers(graph: Graph) -> dict[str, dict[str, Reducer]]:
     """Per model, output port -> the reducer its replicas apply before replying (:mod:`usg.ops.wire`).
 
     A model's output is reduced only when every node using the model sends that output only to
-    Python nodes declaring the same reducer for the receiving port (``@op(reducers=...)``), the
-    output is not a graph output, and the node is not cached (the cache stores arrays).
+    Python nodes declaring the same reducer for the receiving port (``@op(reducers=...)``) with
+    the same options for it (e.g. det_postprocess's ``box_thresh``), the output is not a graph
+    output, and the node is not cached (the cache stores arrays).
     """
-    from usg.callables import import_callable
-    from usg.ops.signature import signature_of
-
-    consumers: dict[str, list[tuple[str, str | None]]] = {}  # "node.port" -> [(consumer, reducer)]
+    consumers: dict[str, list[Reducer | None]] = {}  # "node.port" -> the reducer of each reader
     for node in graph.nodes.values():
         for port, ref in node.inputs.items():
-            if ref.is_graph_input:
-                continue
-            sig = signature_of(import_callable(node.fn)) if node.fn is not None else None
-            reducer = sig.reducers.get(port) if sig is not None else None
-            consumers.setdefault(f"{ref.source}.{ref.port}", []).append((node.name, reducer))
+            if not ref.is_graph_input:
+                consumers.setdefault(f"{ref.source}.{ref.port}", []).append(_reducer_of(node, port))
     exported = {f"{r.source}.{r.port}" for r in graph.outputs.values() if not r.is_graph_input}
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, Reducer]] = {}
     for model in graph.models:
         users = [n for n in graph.nodes.values() if n.model == model]
-        plans: list[dict[str, str]] = []
+        plans: list[dict[str, Reducer]] = []
         for node in users:
-            plan: dict[str, str] = {}
+            plan: dict[str, Reducer] = {}
             for key, found in consumers.items():
                 source, _, port = key.partition(".")
                 if source != node.name:
                     continue
-                reducers = {r for _, r in found}
-                reducer = next(iter(reducers)) if len(reducers) == 1 else None
-                if reducer is not None and key not in exported and node.cache is None:
-                    plan[port] = reducer
+                first = found[0]
+                if first is not None and all(r == first for r in found) and key not in exported and node.cache is None:
+                    plan[port] = first
             plans.append(plan)
         common = {p: r for p, r in plans[0].items() if all(pl.get(p) == r for pl in plans)} if plans else {}
         if common and all(set(pl) == set(common) for pl in plans):
