@@ -95,9 +95,13 @@ def test_multipart_part_digest_headers_are_checked(client: TestClient) -> None:
 
     def body(part_headers: str) -> bytes:
         return (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"p.png\"\r\n"
-            f"Content-Type: image/png\r\n{part_headers}\r\n"
-        ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="p.png"\r\n'
+                f"Content-Type: image/png\r\n{part_headers}\r\n"
+            ).encode()
+            + data
+            + f"\r\n--{boundary}--\r\n".encode()
+        )
 
     headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
     ok = client.post("/v1/infer", content=body(f"X-Content-SHA256: {good.hex()}\r\n"), headers=headers)
