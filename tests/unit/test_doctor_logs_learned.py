@@ -112,3 +112,19 @@ def test_message_evidence_extracts_names_shapes_dtypes_and_quantities() -> None:
     ev = message_evidence("tensor 'input_ids': expected tensor(int64) of shape [1, 128], 2.00 GiB free")
     assert ev["names"] == ["input_ids"] and ev["shapes"] == ["[1, 128]"]
     assert "tensor(int64)" in ev["dtypes"] and ev["quantities"] == ["2.00 GiB"]
+
+
+def test_a_cascade_line_is_never_given_a_class_by_the_learned_layer() -> None:
+    # Triton's start-up cascade after a model failed: it states a consequence, not a cause; the root
+    # error is the message before it, whatever the learned layer makes of that message.
+    log = (
+        "I1203 10:00:00.000000 1 model_lifecycle.cc:300] loading: model_0:1\n"
+        "E1203 10:00:59.000000 1 model_lifecycle.cc:600] something the operator wrote by hand went sideways\n"
+        "E1203 10:01:00.000000 1 model_repository_manager.cc:1186] failed to load all models\n"
+        "error: creating server: Internal - failed to load all models"
+    )
+    findings = classify_text(log, "server.log")
+    cascade = [f for f in findings if "failed to load all models" in f.evidence["line_text"]]
+    assert cascade and all(f.code == "LOG000" and f.evidence.get("cascade") for f in cascade)
+    root = root_error(findings)
+    assert root is not None and root.location.line == 2

@@ -18,6 +18,8 @@ How a log is read:
 5. The same code with the same values seen again is merged into one finding with a count.
 6. :func:`root_error` picks the first root error of a long log (the first classified error that is
    not a generic cascade line such as "failed to load all models"); it is marked ``root_error``.
+   A cascade line no rule knows is never given a class by the learned layer: it states a
+   consequence, so guessing its class would only stand in for the cause it follows.
 """
 
 from __future__ import annotations
@@ -223,7 +225,9 @@ def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex
     """An error line no rule knows: the learned layer's class if known cases are close, else LOG000."""
     ev_head: dict[str, Any] = {"line_text": head.strip()[:400]}
     hint = "" if index is not None else " (pip install 'usg[doctor]' to match it against known real-world cases)"
-    if index is not None:
+    if index is not None and _CASCADE.search(head):  # "failed to load all models": a consequence, no cause to guess
+        ev_head["cascade"] = True
+    elif index is not None:
         from usg.doctor.logs.similar import causal_line, message_evidence
 
         pred = index.predict(window)

@@ -49,13 +49,25 @@ _VOCAB_RE = {name: re.compile(pat, re.IGNORECASE) for name, pat in _VOCAB.items(
 _HEX = re.compile(r"0x[0-9a-f]+", re.IGNORECASE)
 _NUM = re.compile(r"\b\d+(?:\.\d+)?\b")
 _PATH = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[\w.\-]+[\\/])+([\w.\-]+)")
+_SHAPE = re.compile(r"[\[({]\s*-?\d+(?:\s*[,x.]\s*-?\d+)+\s*,?\s*[\])}]")
+_DTYPE = re.compile(
+    r"\btensor\((?:\w+)\)|\bTYPE_[A-Z0-9]+\b|\b(?:float|int|uint|bfloat)(?:8|16|32|64)\b|\bfp(?:8|16|32|64)\b|"
+    r"\b[fiu](?:8|16|32|64)\b|\bbf16\b|PrimitiveDataType<?\w*>?",
+    re.IGNORECASE,
+)
+_QUOTED = re.compile(r"""(?<![\w])['"`]([^'"`\n]{1,80})['"`]""")
 
 
 def features_text(text: str) -> str:
-    """The message as the vectorisers see it: paths reduced to file names, numbers and addresses to
-    placeholder words (their presence matters, their value rarely), plus one token per engine named."""
+    """The message as the vectorisers see it, with the values that differ from engine to engine made
+    alike: paths reduced to file names; shapes, dtype names and quoted names (tensors, ops, models,
+    files) to placeholder words; numbers and addresses too (their presence matters, their value
+    rarely); plus one token per engine named."""
     out = _PATH.sub(lambda m: " " + m.group(1) + " ", text)
     out = _HEX.sub(" hexaddr ", out)
+    out = _SHAPE.sub(" shapeval ", out)
+    out = _DTYPE.sub(" dtypeval ", out)
+    out = _QUOTED.sub(" qname ", out)
     out = _NUM.sub(" num ", out)
     engines = [f"engine{name}" for name, rx in ENGINE_RE.items() if rx.search(text)]
     return out + " " + " ".join(engines)

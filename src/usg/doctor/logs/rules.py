@@ -169,37 +169,61 @@ def _max_batch(m: re.Match[str]) -> Explained:
     "triton",
     "config dims vs model dims",
     R.BATCH_DIM_CONFIG,
-    r"tensor '(?P<tensor>[^']+)': the model expects (?P<n>\d+) dimensions \(shape (?P<model>\[[^\]]*\])\) "
+    r"(?:tensor '(?P<tensor>[^']+)': )?the model expects (?P<n>\d+) dimensions \(shape (?P<model>\[[^\]]*\])\) "
     r"but the model "
     r"configuration specifies (?P<m>\d+) dimensions(?P<rest>[^\n]*)",
-    also=(R.CONFIG_INVALID,),
+    also=(R.CONFIG_INVALID, R.DYNAMIC_SHAPE_FIXED),
 )
 def _config_dims(m: re.Match[str]) -> Explained:
     rest = m["rest"]
+    name = f"tensor {m['tensor']!r}" if m["tensor"] else "a tensor"
     batch = "max_batch_size > 0" in rest
     model_shape = m["model"]
-    ev = {
+    ev: dict[str, Any] = {
         "tensor": m["tensor"],
         "model_shape": model_shape,
         "model_rank": int(m["n"]),
         "config_rank": int(m["m"]),
     }
+    config = re.search(r"(?:complete shape|\(shape) (\[[^\]]*\])", rest)
+    frozen = _frozen_axes(model_shape, config[1]) if config else []
+    if config:
+        ev["config_shape"] = config[1]
+    if frozen:  # the config leaves an axis free that the exported model fixed: the export froze it
+        ev["frozen_axes"] = frozen
+        return Explained(
+            f"{name}: the model fixes axis {frozen} ({model_shape}) where config.pbtxt "
+            f"declares it variable ({config[1] if config else ''}): the model was exported with that axis static",
+            "re-export the model with the axis dynamic (dynamic_axes / dynamic_shapes for every variable axis), or "
+            "declare the model's fixed size in config.pbtxt",
+            ev,
+            R.DYNAMIC_SHAPE_FIXED,
+        )
     if batch and not model_shape.startswith("[-1"):
         return Explained(
-            f"tensor {m['tensor']!r}: the model has a fixed first dimension {model_shape} but config.pbtxt "
+            f"{name}: the model has a fixed first dimension {model_shape} but config.pbtxt "
             "sets "
             "max_batch_size > 0, which adds a dynamic batch dimension",
             "set max_batch_size: 0 and list the full dims, or re-export the model with a dynamic batch axis",
             ev,
         )
     return Explained(
-        f"tensor {m['tensor']!r}: the model's shape is {model_shape} but config.pbtxt declares a different "
+        f"{name}: the model's shape is {model_shape} but config.pbtxt declares a different "
         "shape" + (" (plus the batch dimension from max_batch_size > 0)" if batch else ""),
         "make dims in config.pbtxt match the model (with max_batch_size > 0 leave the batch dim out), "
         "or drop the input/output sections and let Triton auto-complete them",
         ev,
         R.CONFIG_INVALID if not batch else R.BATCH_DIM_CONFIG,
     )
+
+
+def _frozen_axes(model_shape: str, config_shape: str) -> list[int]:
+    """Axes (past axis 0) the model fixes to a size where the config's shape of the same rank has -1."""
+    model = [int(x) for x in re.findall(r"-?\d+", model_shape)]
+    config = [int(x) for x in re.findall(r"-?\d+", config_shape)]
+    if len(model) != len(config):
+        return []
+    return [i for i, (a, b) in enumerate(zip(model, config, strict=True)) if i > 0 and a > 0 and b == -1]
 
 
 _MAX_BATCH = 256  # the largest size axis 0 is read as a batch at
@@ -389,7 +413,7 @@ def _triton_shape(m: re.Match[str]) -> Explained:
     )
 
 
-from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino  # noqa: E402,F401  (register their rules)
+from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino, rules_ray  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 

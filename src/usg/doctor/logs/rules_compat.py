@@ -25,10 +25,19 @@ __all__: list[str] = []
     R.VERSION_COUPLING,
     r"engine plan file is (?:not compatible with this version of TensorRT, expecting library version "
     r"(?P<runtime>[\d.]+) got (?P<plan>[\d.]+)|generated on an incompatible device, expecting compute "
-    r"(?P<gpu>[\d.]+) got compute (?P<built>[\d.]+))",
+    r"(?P<gpu>[\d.]+) got compute (?P<built>[\d.]+))"
+    r"|Version tag does not match\. Note: Current Version: (?P<cur>\d+), Serialized Engine Version: (?P<ser>\d+)",
     also=(R.ENVIRONMENT,),
 )
 def _trt_plan(m: re.Match[str]) -> Explained:
+    if m["cur"]:
+        return Explained(
+            f"the engine was serialized by another TensorRT (serialization version {m['ser']}) than the one loading "
+            f"it ({m['cur']}): a plan only loads in the TensorRT version that built it",
+            "rebuild the engine with the TensorRT (or TensorRT-LLM) release of the serving image, and check that only "
+            "one TensorRT is installed (LD_LIBRARY_PATH and the Python package can point at different ones)",
+            {"runtime_serialization_version": int(m["cur"]), "engine_serialization_version": int(m["ser"])},
+        )
     if m["runtime"]:
         return Explained(
             f"the engine was built with TensorRT {m['plan']} but is loaded by TensorRT {m['runtime']}: a plan "
@@ -217,4 +226,81 @@ def _import(m: re.Match[str]) -> Explained:
         f"install {top} in that environment (the container image, the Ray runtime_env / worker image, the venv), "
         "or fix the import path of your own package",
         {"module": mod},
+    )
+
+
+@_rule(
+    "LOG046",
+    "onnxruntime",
+    "execution provider not available",
+    R.ENVIRONMENT,
+    r"Failed to load library (?P<lib>libonnxruntime_providers_\w+\.(?:so|dll)) with error: (?P<err>[^\n]+)"
+    r"|Failed to create (?P<ep>\w+ExecutionProvider)"
+    r"|Specified provider '(?P<asked>\w+)' is not in available provider names\.? ?Available providers: "
+    r"'?(?P<avail>[^'\n]*)"
+    r"|Asked to use (?P<asked2>\w+) as an ONNX Runtime execution provider, but the available execution providers "
+    r"are (?P<avail2>\[[^\]]*\])"
+    r"|`onnxruntime-gpu` is installed, but GPU dependencies are not loaded",
+)
+def _ort_provider(m: re.Match[str]) -> Explained:
+    ev = {
+        "provider": m["ep"] or m["asked"] or m["asked2"],
+        "available": m["avail"] or m["avail2"],
+        "library": m["lib"],
+        "load_error": m["err"].strip()[:200] if m["err"] else None,
+    }
+    if ev["available"]:  # the installed package has no such provider at all
+        return Explained(
+            f"ONNX Runtime was asked for {ev['provider']} but this package only has {ev['available']}: the CPU build "
+            "(onnxruntime) is installed, or both onnxruntime and onnxruntime-gpu are and the CPU one wins",
+            "install only the GPU package (pip uninstall onnxruntime onnxruntime-gpu; pip install onnxruntime-gpu) "
+            "matching your CUDA version",
+            ev,
+        )
+    return Explained(
+        f"ONNX Runtime could not create the {ev['provider'] or 'GPU'} execution provider"
+        + (f": {ev['load_error']}" if ev["load_error"] else "")
+        + " — the CUDA/cuDNN (or TensorRT) libraries it links against are missing or of another version, and the "
+        "session falls back to CPU",
+        "install the CUDA and cuDNN versions this onnxruntime-gpu release was built for (its requirements table) "
+        "and make them visible (LD_LIBRARY_PATH / the pip nvidia-* wheels), or pick the onnxruntime-gpu build for "
+        "your CUDA",
+        ev,
+    )
+
+
+@_rule(
+    "LOG047",
+    "vllm",
+    "quantization kernels need a newer GPU",
+    R.ENVIRONMENT,
+    r"(?:quantization method (?P<method>[\w-]+) is not supported for the current GPU|Quantization scheme is not "
+    r"supported for '?,? ?'?the current GPU)\.? ?'?,? ?'?Min(?:imum)? capability: (?P<min>\d+)\.? ?'?,? ?'?Current "
+    r"capability: (?P<cur>\d+)",
+)
+def _quant_capability(m: re.Match[str]) -> Explained:
+    need, have = int(m["min"]), int(m["cur"])
+    what = f"quantization method {m['method']}" if m["method"] else "the checkpoint's quantization scheme"
+    return Explained(
+        f"{what} needs GPU compute capability {need / 10:.1f} or newer; this GPU is {have / 10:.1f}",
+        "serve the unquantized (bf16/fp16) checkpoint or one quantized for this GPU (e.g. GPTQ/AWQ where fp8 needs "
+        f"Hopper/Ada), or use a GPU of compute capability >= {need / 10:.1f}",
+        {"quantization": m["method"], "min_compute_capability": need, "compute_capability": have},
+    )
+
+
+@_rule(
+    "LOG048",
+    "triton",
+    "backend built for another Triton",
+    R.VERSION_COUPLING,
+    r"Triton backend API version does not support this backend",
+)
+def _backend_api(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the backend library was built against another Triton backend API than this server's: backends only load "
+        "in the Triton release they were built for",
+        "use the backend from the same Triton release/container as the server (e.g. the python backend of "
+        "r<version>), or rebuild it against this server's TRITON_BACKEND_API",
+        {"message": m.group(0)},
     )

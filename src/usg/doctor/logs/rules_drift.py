@@ -43,6 +43,7 @@ _PATTERN = (
     rf"|\bmax(?:imum)?[ _.-]*abs(?:olute)?[ _.-]*(?:diff|difference|error|err)\b[^\n]{{0,80}}?{_NUM}"
     r"|\b(?:wrong|incorrect) (?:results?|outputs?|predictions?)\b"
     r"|\bnot within (?:the )?(?:set |given )?tolerance"
+    rf"|\bvalues not close enough, max diff:?\s*{_NUM}"  # optimum / transformers.onnx export validation
     r"|\bNot equal to tolerance\b"
     r"|\bTensor-likes are not (?:close|equal)"
     r"|\bMismatched elements: \d+ / \d+"

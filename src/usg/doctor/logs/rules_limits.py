@@ -69,3 +69,39 @@ def _too_long(m: re.Match[str]) -> Explained:
         "context length allows it",
         ev,
     )
+
+
+@_rule(
+    "LOG057",
+    "tgi",
+    "launcher token limits inconsistent",
+    R.CONFIG_INVALID,
+    r"`max_input_(?:tokens|length)`\s*\((?P<inp>\d+)\) must be < `max_total_tokens`\s*\((?P<tot>\d+)\)",
+)
+def _tgi_args(m: re.Match[str]) -> Explained:
+    inp, tot = int(m["inp"]), int(m["tot"])
+    return Explained(
+        f"the launcher was started with max_input_tokens {inp} >= max_total_tokens {tot}: the total (prompt + new "
+        "tokens) must leave room for at least one generated token",
+        f"set --max-input-tokens below --max-total-tokens (e.g. {tot - 1} or less, leaving room for the answers), "
+        "or raise --max-total-tokens within the model's context length",
+        {"max_input_tokens": inp, "max_total_tokens": tot},
+    )
+
+
+@_rule(
+    "LOG058",
+    "tensorrt-llm",
+    "prompt over the engine's build-time limit",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"Prompt length \((?P<got>\d+)\) exceeds maximum (?P<what>input|sequence) length \((?P<max>\d+)\)",
+)
+def _trtllm_len(m: re.Match[str]) -> Explained:
+    got, mx = int(m["got"]), int(m["max"])
+    flag = "--max_input_len" if m["what"] == "input" else "--max_seq_len"
+    return Explained(
+        f"the prompt has {got} tokens but the TensorRT-LLM engine was built for at most {mx} ({m['what']} length): "
+        "the engine's shapes are bounded when it is built",
+        f"rebuild the engine with {flag} >= {got} (trtllm-build {flag} ...), or truncate prompts to {mx} tokens",
+        {"prompt_tokens": got, f"max_{m['what']}_len": mx},
+    )

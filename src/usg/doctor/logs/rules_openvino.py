@@ -69,6 +69,95 @@ def _message(rest: str) -> str:
     return ""
 
 
+# a chain of OpenVINO locations before the message ("Exception from a.cpp:1:\nException from b.cpp:2:\n<message>")
+_CHAIN = r"(?:(?:Exception from|Check '[^'\n]*' failed at) \S+?:\d+:?\s*)*(?:\[\w+\]\s*)?"
+
+
+@_rule(
+    "LOG053",
+    "openvino",
+    "IR written by another OpenVINO release",
+    R.VERSION_COUPLING,
+    r"cannot parse future versions:? ?(?P<future>\d+)|The support of IR v(?P<removed>\d+) has been removed",
+)
+def _ov_ir_version(m: re.Match[str]) -> Explained:
+    if m["future"]:
+        return Explained(
+            f"the IR is version {m['future']}, written by a newer OpenVINO than the runtime reading it (no forward "
+            "compatibility)",
+            "upgrade the OpenVINO runtime to the release that converted the model (or newer), or convert the model "
+            "again with the Model Optimizer / ovc of the runtime's release",
+            {"ir_version": int(m["future"])},
+        )
+    return Explained(
+        f"IR v{m['removed']} was written by an old Model Optimizer and this OpenVINO no longer reads it",
+        "convert the original model again with the converter of this OpenVINO release",
+        {"ir_version": int(m["removed"])},
+    )
+
+
+@_rule(
+    "LOG054",
+    "openvino",
+    "static shape required, dynamic dimension found",
+    R.UNSUPPORTED_OP,
+    _CHAIN + r"(?P<msg>Cannot get length of dynamic dimension|get_shape was called on a descriptor::Tensor with "
+    r"dynamic shape|Cannot get dims for non static shape)",
+)
+def _ov_static(m: re.Match[str]) -> Explained:
+    return Explained(
+        "a static shape was required where the model has a dynamic dimension: the device plugin (MYRIAD/NCS2, older "
+        f"GPU plugins) or the code calling it does not handle dynamic shapes ({m['msg']})",
+        "give the model static input shapes for this device (model.reshape({...}) before compile_model, or convert "
+        "with --input_shape / input=[...]), or run it on a device whose plugin supports dynamic shapes (CPU)",
+        {"message": m["msg"]},
+    )
+
+
+@_rule(
+    "LOG055",
+    "openvino",
+    "precision the plugin or the CPU does not support",
+    R.DTYPE_OR_RANGE,
+    _CHAIN + r"(?:(?:CPU )?plugin does not support (?P<prec>\w+)(?: for use with (?P<lib>\w+))?"
+    r"|unsupported src_prc:? (?P<src>\w+)|Platform doesn't support (?P<hw>\w+) format)",
+    also=(R.ENVIRONMENT,),
+)
+def _ov_precision(m: re.Match[str]) -> Explained:
+    if m["hw"]:
+        return Explained(
+            f"the CPU has no {m['hw']} instructions, so OpenVINO refuses {m['hw']} inference on it",
+            f"run in f32 (inference_precision f32 / drop the {m['hw']} hint), or use a CPU/device with {m['hw']} "
+            "support",
+            {"precision": m["hw"]},
+            R.ENVIRONMENT,
+        )
+    prec = m["prec"] or m["src"]
+    return Explained(
+        f"the model computes in {prec}, a precision this OpenVINO plugin does not execute",
+        f"convert the model (and its inputs) from {prec} to a supported precision (f32, or f16 for GPU/MYRIAD) "
+        "before compiling, or use the plugin/device that supports it",
+        {"precision": prec, "library": m["lib"]},
+    )
+
+
+@_rule(
+    "LOG056",
+    "openvino",
+    "GPU plugin out of resources",
+    R.MEMORY,
+    _CHAIN + r"(?:\[GPU\]\s*)?(?P<msg>out of GPU resources|[^\n]{0,200}?CL_OUT_OF_RESOURCES)",
+)
+def _ov_gpu_oor(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the OpenVINO GPU plugin ran out of device memory (CL_OUT_OF_RESOURCES / out of GPU resources): the model, "
+        "its streams and batch do not fit the (integrated) GPU",
+        "reduce memory: smaller batch or input shapes, fewer streams, compressed (int8/int4) weights; on integrated "
+        "GPUs raise the shared-memory share or run on CPU; update the GPU driver",
+        {"message": m["msg"].strip()[:200]},
+    )
+
+
 @_rule(
     "LOG035",
     "openvino",
@@ -153,7 +242,7 @@ def _bad_alloc(m: re.Match[str]) -> Explained:
     R.SHAPE_OR_RANK,
     r"(?:Can't SetBlob with name: (?P<name>\S+?),? because model input \(shape=(?P<model>\(?[^()]*\)?)\) and blob "
     r"\(shape=(?P<blob>\(?[^()]*\)?)\) are incompatible"
-    r"|Can't set the input tensor with index: (?P<index>\d+), because the model input "
+    r"|Can't set the input tensor with (?:index: (?P<index>\d+)|name: (?P<name2>\S+?)), because the model input "
     r"\(shape=(?P<model2>\(?[^()]*\)?)\) and the tensor \(shape=(?P<tensor>\(?[^()]*\)?)\) are incompatible"
     r"|The input blob size is not equal to the network input size: got (?P<got>\d+) expecting (?P<exp>\d+))",
 )
@@ -164,7 +253,8 @@ def _ov_input(m: re.Match[str]) -> Explained:
         what = f"the input has {got} elements but the network takes {exp} ({got / exp:.2f}x)"
     else:
         model, sent = m["model"] or m["model2"], m["blob"] or m["tensor"]
-        ev = {"input": m["name"] or int(m["index"]), "model_shape": model, "sent_shape": sent}
+        name = m["name"] or m["name2"]
+        ev = {"input": name if name else int(m["index"]), "model_shape": model, "sent_shape": sent}
         what = f"input {ev['input']!r}: the model takes shape {model} but {sent} was sent"
     return Explained(
         what,
