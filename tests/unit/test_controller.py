@@ -133,6 +133,41 @@ def test_heavy_noise_still_finds_batch_one_and_never_returns_to_eight():
     assert max(tail) <= 2
 
 
+def test_near_equal_caps_with_late_events_do_not_flip():
+    # rec between caps 1 and 2 on a busy CPU (per item 48 vs 53 ms: inside the hysteresis), calls
+    # of 1-4 queued items, each call's time swinging +-40%, and every event arriving one call late
+    # (two calls in flight: a call formed at the old cap ends after the cap changed). Before the
+    # straggler rule, the running-mean start of a bin and the wider band for going back, 7 of
+    # these 20 runs changed their settled cap 2-4 times after the first quarter (1 -> 2 -> 1 ...)
+    per_item = {1: 48.0, 2: 53.0, 3: 62.0, 4: 70.0}
+    flipping = []
+    for seed in range(20):
+        ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True), history=10_000)
+        rng = random.Random(seed)
+        late: list[BatchEvent] = []
+        for _ in range(3000):
+            ctl.formed(4)
+            n = min(ctl.cap, rng.choice((1, 2, 3, 4)))
+            ms = per_item[n] * n * (1 + rng.uniform(-0.4, 0.4))
+            sim.now += ms / 2e3
+            late.append(BatchEvent("m", n, n, 0, 0, (0.0,) * n, ms, True))
+            if len(late) > 1:
+                ctl.observe(late.pop(0))
+        if settled_changes(ctl, after=sim.now / 4) > 1:
+            flipping.append(seed)
+        assert ctl.settled_cap in (1, 2)
+    assert flipping == []
+
+
+def test_a_bin_starts_as_the_plain_mean_of_its_calls():
+    # a probe's fresh bin after 4 calls: the mean of the 4, not an EWMA seeded with the first
+    # (which would weigh it 42% at alpha 0.25)
+    ctl, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    for ms in (100.0, 60.0, 60.0, 60.0):
+        ctl.observe(BatchEvent("m", 8, 8, 0, 0, (0.0,) * 8, ms, True))
+    assert ctl.cost_ms(8) == pytest.approx(70.0 / 8)
+
+
 def test_reacts_when_the_cost_changes():
     ctl, sim = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
     sim.run(600, linear(10.0, 1.0))
