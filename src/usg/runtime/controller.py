@@ -18,9 +18,10 @@ cap's bin with the others measured in that window and moves only when one is at 
 the settled cap left within ``recent_windows`` windows takes twice the hysteresis, and a bin
 counts as measured in a window only with two calls or more, none of them formed before the
 cap last changed (with two calls in flight, one formed at the old cap ends after the change):
-so two caps whose costs are close do not take turns. A neighbour it has
-not measured (or measured long ago) is *probed*: the cap moves there for one window, and the
-next decision keeps it or goes back.
+so two caps whose costs are close do not take turns. A cap it has not measured just now is
+*probed*: the cap moves there for one window, and the next decision keeps it or goes back —
+a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 with a call of
+1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
 ``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare;
 a move, or the current bin's cost drifting by more than the hysteresis from what it was when
@@ -110,7 +111,7 @@ class BatchController:
         clock: Callable[[], float] = time.monotonic,
         window: int = 12,
         min_samples: int = 4,
-        hysteresis: float = 0.1,
+        hysteresis: float = 0.05,
         alpha: float = 0.25,
         max_probe_gap: int = 64,
         stale_windows: int = 32,
@@ -271,13 +272,23 @@ class BatchController:
             self._probe(depth)
 
     def _probe(self, depth: int) -> None:
-        """Try the neighbour measured longest ago (never a cap the queue could not fill)."""
+        """Try a smaller cap that the occasional smaller call showed cheaper (the cheapest), else
+        the neighbour measured longest ago (never a cap the queue could not fill)."""
+        here = self._bins[self._i].cost
+        hinted = [
+            j
+            for j in range(self._i - 1)
+            if here is not None and (c := self._known(j)) is not None and c < here * (1 - self.hysteresis)
+        ]
         allowed = [
             j for j in (self._i - 1, self._i + 1) if 0 <= j <= self._ceiling and (j < self._i or depth >= self.sizes[j])
         ]
-        if not allowed:
+        if hinted:  # rec at cap 4 with calls of 1 now and then: 1 is probed at once, not after 2
+            j = min(hinted, key=lambda j: self._bins[j].cost or 0.0)
+        elif allowed:
+            j = min(allowed, key=lambda j: (self._bins[j].samples > 0, self._bins[j].window))
+        else:
             return
-        j = min(allowed, key=lambda j: (self._bins[j].samples > 0, self._bins[j].window))
         self._bins[j] = _Bin()  # measure it afresh
         self._probe_from, self._i, self._probe_windows = self._i, j, 0
         self._changed = self._windows
