@@ -147,7 +147,11 @@ async def one_round(
             if ctl is not None and ctl.decisions:
                 t00 = ctl.decisions[0].time
                 decisions += [f"{d.time - t00:6.1f}s {model:<6} cap {d.cap:>2}  {d.reason}" for d in ctl.decisions]
-                costs = ", ".join(f"{c}: {ctl.cost_ms(c):.3g} ms" for c in ctl.sizes if ctl.cost_ms(c) is not None)
+                costs = ", ".join(
+                    f"{c}: {ctl.cost_ms(c):.3g} ms (sd {100 * b.var**0.5 / b.cost:.0f}%, {b.samples} calls)"
+                    for c, b in zip(ctl.sizes, ctl._bins, strict=True)  # the controller's own per-cap means
+                    if b.cost
+                )
                 decisions.append(f"   end {model:<6} cap {ctl.settled_cap:>2}  cost per item by cap: {costs}")
     n = max(1, done)
     cpu_ms = ((c1.user - c0.user) + (c1.system - c0.system)) * 1e3
