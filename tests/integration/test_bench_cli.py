@@ -108,7 +108,8 @@ def test_bench_measures_the_bound_from_a_sidecar_kept_elsewhere(tmp_path):
     # `usg tune` on a copy; `usg bench` runs the graph as written and takes only the bound from the copy
     copy = tmp_path / "graph.yaml"
     copy.write_text(GRAPH.read_text().replace("${USG_CACHE}", "${USG_CACHE:-~/.cache/usg}"))
-    invoke("tune", str(copy), "--models", "cls", "--batch-sizes", "1,2", "--threads", "1", "--seconds", "0.05", "--json")
+    tune = ("--models", "cls", "--batch-sizes", "1,2", "--threads", "1", "--seconds", "0.05", "--json")
+    invoke("tune", str(copy), *tune)
     sidecar = tmp_path / "graph.tuned.yaml"
     doc = invoke(
         "bench",
