@@ -52,6 +52,37 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _role(cmdline: list[str]) -> str:
+    """What a process of the server's tree is: a replica (by deployment), a Ray daemon, the server."""
+    head = cmdline[0] if cmdline else "?"
+    if head.startswith("ray::"):  # Ray sets a worker's title: ray::ServeReplica:app:deployment
+        name = head.split()[0]
+        return "replica " + name.rsplit(":", 1)[-1] if name.startswith("ray::ServeReplica") else name
+    joined = " ".join(cmdline)
+    for daemon in ("gcs_server", "raylet", "dashboard", "log_monitor", "runtime_env", "ray.util.client", "monitor.py"):
+        if daemon in joined:
+            return daemon
+    if " serve " in f" {joined} ":
+        return "usg serve (router / executor)"
+    return Path(head).name
+
+
+def _tree_cpu_by_role(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's process tree so far, by :func:`_role`."""
+    import psutil
+
+    out: dict[str, float] = {}
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            role = _role(p.cmdline())
+        except psutil.Error:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
 def _served(port: int) -> float:
     """Requests the server answered so far (its /metrics request counter)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
@@ -95,6 +126,7 @@ def _measure(
                 pass
             time.sleep(0.5)
         cpu0, served0, bytes0 = _tree_cpu_s(server.pid), _served(port), _remote_bytes(port)
+        roles0 = _tree_cpu_by_role(server.pid)
         out = subprocess.run(
             [
                 str(USG),
@@ -119,6 +151,10 @@ def _measure(
         # it answered (warm-up included): what the engine costs, whatever else runs on the machine
         served = _served(port) - served0
         result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
+        roles = _tree_cpu_by_role(server.pid)
+        result["cpu_ms_by_role"] = {
+            k: (v - roles0.get(k, 0.0)) * 1e3 / max(1, served) for k, v in roles.items() if v > roles0.get(k, 0.0)
+        }
         moved = _remote_bytes(port)
         for via in ("object_store", "grpc"):
             result[f"{via}_mb_per_request"] = (moved.get(via, 0.0) - bytes0.get(via, 0.0)) / 1e6 / max(1, served)
@@ -161,6 +197,9 @@ def main() -> None:
                 f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} "
                 f"{res['object_store_mb_per_request']:>12.2f} {res['grpc_mb_per_request']:>11.2f}"
             )
+        for engine, res in got.items():
+            by_role = sorted(res["cpu_ms_by_role"].items(), key=lambda kv: -kv[1])
+            print(f"      {engine} CPU ms/request by process: " + ", ".join(f"{k} {v:.0f}" for k, v in by_role))
         ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
         ratios.append(ratio)
         cpu = got["embedded"]["cpu_ms_per_request"] / max(1e-9, got["ray"]["cpu_ms_per_request"])

@@ -101,3 +101,33 @@ def test_tune_profiles_and_writes_sidecar(tmp_path):
     tuned = apply_sidecar(load_graph(graph))
     assert tuned.models["cls"].batch.max_size == doc["choices"]["cls"]["batch"]
     assert tuned.models["minilm"].options["intra_op_threads"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_bench_measures_the_bound_from_a_sidecar_kept_elsewhere(tmp_path):
+    # `usg tune` on a copy; `usg bench` runs the graph as written and takes only the bound from the copy
+    copy = tmp_path / "graph.yaml"
+    copy.write_text(GRAPH.read_text().replace("${USG_CACHE}", "${USG_CACHE:-~/.cache/usg}"))
+    tune = ("--models", "cls", "--batch-sizes", "1,2", "--threads", "1", "--seconds", "0.05", "--json")
+    invoke("tune", str(copy), *tune)
+    sidecar = tmp_path / "graph.tuned.yaml"
+    doc = invoke(
+        "bench",
+        str(GRAPH),
+        "--duration",
+        "3",
+        "--warmup",
+        "1",
+        "--concurrency",
+        "2",
+        "--bound-sidecar",
+        str(sidecar),
+        "--json",
+    )
+    bound = doc["bound"]
+    assert set(bound["per_model"]) == {"cls"}  # the models the sidecar tuned
+    cls = bound["per_model"]["cls"]
+    assert cls["machine_items_per_s"] > 0 and (cls["threads"], cls["instances"]) in {(1, 1), (1, 2), (2, 1)}
+    assert bound["serial_bound_rps"] > 0 and bound["achieved_serial"]["2"] > 0
+    # the graph under test is the one as written: the controller runs rec from its declared cap
+    assert doc["graph"] == str(GRAPH)

@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 from rich.console import Console
 
 from usg.bench.breakdown import BreakdownObserver, breakdown_from_metrics, parse_prometheus
@@ -170,6 +171,27 @@ def test_bound_measurements_are_summarised_per_level():
     assert s["bound_rps"] == 3.0
     assert s["achieved"] == {"1": 0.5, "16": 0.85}
     assert [m["bound_rps"] for m in s["measurements"]] == [4.0, 2.0, 3.0]
+
+
+def test_the_no_overlap_bound_is_summarised_and_printed_with_what_usg_reached_of_it():
+    from usg.bench.runner import _summarize_bounds
+
+    per_model = {
+        "det": {"items_per_request": 1.0, "machine_items_per_s": 4.0, "batch": 1, "threads": 1, "instances": 2},
+        "rec": {"items_per_request": 3.75, "machine_items_per_s": 40.0, "batch": 1, "threads": 1, "instances": 2},
+    }
+    common = {"per_model": per_model, "bottleneck": "det", "basis": "b"}
+    bounds = [
+        {**common, "bound_rps": 4.0, "serial_bound_rps": 2.5, "level": 16.0, "achieved": 0.5, "achieved_serial": 0.8},
+        {**common, "bound_rps": 4.0, "serial_bound_rps": 3.5, "level": 16.0, "achieved": 0.5, "achieved_serial": 0.6},
+    ]
+    s = _summarize_bounds(bounds, [16.0])
+    assert s["serial_bound_rps"] == 3.0 and s["achieved_serial"] == {"16": pytest.approx(0.7)}
+    out = io.StringIO()
+    render_report(BenchReport("g.yaml", "g.yaml", "closed", 1.0, 0.0, bound=s), Console(file=out, width=300))
+    text = out.getvalue()
+    assert "no-overlap model-only bound (the models share the cores): 3.00 req/s" in text
+    assert "USG at 16 clients: 70% of it" in text and "det 1 items x 250 ms (batch 1, 1 thread(s) x 2)" in text
 
 
 def test_plots_of_a_run_where_no_request_completed(tmp_path):

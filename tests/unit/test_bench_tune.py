@@ -95,3 +95,26 @@ def test_model_only_bound_sums_cpu_cost_over_shared_cores():
     assert b["per_model"]["rec"]["core_ms_per_item"] == pytest.approx(70 / 12)
     assert b["bound_rps"] == pytest.approx(2000 / (97.5 + 4 * 70 / 12))
     assert b["bottleneck"] == "det"
+
+
+def test_bound_sidecar_elsewhere_measures_with_tuned_settings_and_leaves_the_graph_as_written(tmp_path):
+    from usg.cli.bench_cmd import _bound_meter
+
+    g = graph(tmp_path)  # no sidecar next to it: the graph as written
+    elsewhere = tmp_path / "copy" / "g.tuned.yaml"
+    elsewhere.parent.mkdir()
+    write_sidecar(g, {"rec": ModelChoice("rec", 2, 1, None, "r", 2)}, {"rec": REC}, {"rec": 3.5}, 100.0, elsewhere)
+    notes: list[str] = []
+    assert _bound_meter(g, [], notes) is None and "--bound-sidecar" in notes[0]
+    meter = _bound_meter(g, [], [], elsewhere, untuned=True)
+    assert meter.graph.models["rec"].batch.max_size == 2 and meter.graph.models["rec"].options["concurrency"] == 2
+    assert g.models["rec"].batch.max_size == 8 and "concurrency" not in g.models["rec"].options
+    assert _bound_meter(g, [], [], None, untuned=True) is None
+
+
+def test_bound_sidecar_without_a_graph_is_a_usage_error(tmp_path):
+    from usg.cli.bench_cmd import _bound_meter
+    from usg.errors import UsageError
+
+    with pytest.raises(UsageError, match="--graph GRAPH"):
+        _bound_meter(None, [], [], tmp_path / "g.tuned.yaml")

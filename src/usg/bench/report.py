@@ -211,5 +211,19 @@ def render_report(report: BenchReport, console: Any) -> None:
             f"model-only bound: {b['bound_rps']:.2f} req/s ({b['basis']}); bottleneck {b['bottleneck']}; "
             + "; ".join(f"USG at {lvl} clients: {frac:.0%} of the bound" for lvl, frac in b.get("achieved", {}).items())
         )
+        if b.get("serial_bound_rps"):
+            console.print(
+                f"no-overlap model-only bound (the models share the cores): {b['serial_bound_rps']:.2f} req/s; "
+                + "; ".join(
+                    f"USG at {lvl} clients: {frac:.0%} of it" for lvl, frac in b.get("achieved_serial", {}).items()
+                )
+                + "; per model: "
+                + ", ".join(
+                    f"{m} {d['items_per_request']:.3g} items x {1e3 / d['machine_items_per_s']:.3g} ms "
+                    f"(batch {d['batch']}, {d['threads']} thread(s) x {d['instances']})"
+                    for m, d in (b.get("per_model") or {}).items()
+                    if d.get("machine_items_per_s")
+                )
+            )
     for note in report.notes:
         console.print(f"note: {note}", markup=False)

@@ -181,6 +181,8 @@ class _Run:
         b = await asyncio.to_thread(self.bound, per_req)
         b["level"] = level
         b["achieved"] = result.throughput / b["bound_rps"] if b["bound_rps"] > 0 else None
+        serial = b.get("serial_bound_rps") or 0.0
+        b["achieved_serial"] = result.throughput / serial if serial > 0 else None
         self.bounds.append(b)
 
     def collect(self) -> None:
@@ -206,15 +208,19 @@ def _summarize_bounds(bounds: list[dict[str, Any]], levels: Sequence[float]) -> 
     """The last measurement's detail, the mean bound, and per level the mean achieved fraction."""
     summary = dict(bounds[-1])
     summary["bound_rps"] = sum(b["bound_rps"] for b in bounds) / len(bounds)
+    serial = [b["serial_bound_rps"] for b in bounds if b.get("serial_bound_rps")]
+    if serial:
+        summary["serial_bound_rps"] = sum(serial) / len(serial)
     summary["measurements"] = [
-        {"level": b["level"], "bound_rps": b["bound_rps"], "achieved": b["achieved"]} for b in bounds
+        {k: b.get(k) for k in ("level", "bound_rps", "achieved", "serial_bound_rps", "achieved_serial")} for b in bounds
     ]
-    achieved: dict[str, float] = {}
-    for level in levels:
-        fracs = [b["achieved"] for b in bounds if b["level"] == level and b["achieved"] is not None]
-        if fracs:
-            achieved[f"{level:g}"] = sum(fracs) / len(fracs)
-    summary["achieved"] = achieved
+    for key in ("achieved", "achieved_serial"):
+        achieved: dict[str, float] = {}
+        for level in levels:
+            fracs = [b[key] for b in bounds if b["level"] == level and b.get(key) is not None]
+            if fracs:
+                achieved[f"{level:g}"] = sum(fracs) / len(fracs)
+        summary[key] = achieved
     summary.pop("level", None)
     return summary
 

@@ -66,6 +66,13 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
     help="Send this share of repeated inputs (the rest never seen before) and turn USG's node cache on.",
 )
 @click.option("--untuned", is_flag=True, help="Ignore GRAPH.tuned.yaml (written by `usg tune`).")
+@click.option(
+    "--bound-sidecar",
+    "bound_sidecar",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Measure the model-only bound with this `usg tune` sidecar's settings; the graph under test "
+    "stays as loaded (e.g. the graph as written, with --untuned or no sidecar next to it).",
+)
 @click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option(
@@ -86,6 +93,7 @@ def bench(
     as_json: bool,
     plot_dir: str | None,
     fp32: bool = False,
+    bound_sidecar: str | None = None,
 ) -> None:
     """Benchmark TARGET (a graph file, run in process, or the URL of a `usg serve`) against baselines."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -129,7 +137,7 @@ def bench(
 
         with _stdout_to_stderr(as_json):  # Ray's raylet prints to fd 1; keep --json output clean
             notes: list[str] = []
-            meter = None if untuned else _bound_meter(graph, samples, notes)
+            meter = _bound_meter(graph, samples, notes, Path(bound_sidecar) if bound_sidecar else None, untuned)
             report = asyncio.run(run_bench(cfg, graph, progress=factory, log=log, bound=meter))
             report.notes.extend(notes)
     if plot_dir:
@@ -179,16 +187,29 @@ def _graph(target: str, graph_path: str | None, untuned: bool, fp32: bool = Fals
     return load_graph_for_cli(path, tuned=not untuned, quantized=not fp32)
 
 
-def _bound_meter(graph: Any, samples: list[Any], report_notes: list[str]) -> Any:
-    """A model-only bound meter when the graph has a tune sidecar (else a note and None)."""
+def _bound_meter(
+    graph: Any, samples: list[Any], report_notes: list[str], sidecar: Path | None = None, untuned: bool = False
+) -> Any:
+    """A model-only bound meter: from ``sidecar`` when given (the graph under test is not changed),
+    else from the tune sidecar next to the graph unless ``untuned`` (else a note and None)."""
     from usg.bench.bound import BoundMeter
     from usg.graph.sidecar import sidecar_path
 
-    if graph is None or graph.source is None:
+    if graph is None:
+        if sidecar is not None:
+            raise UsageError("--bound-sidecar needs the graph: with a URL TARGET pass --graph GRAPH as well")
+        return None
+    if sidecar is not None:
+        return BoundMeter(graph, sidecar, samples)
+    if untuned or graph.source is None:
         return None
     path = sidecar_path(graph.source)
     if not path.is_file():
-        report_notes.append(f"no model-only bound: run `usg tune {graph.source}` first (writes {path.name})")
+        report_notes.append(
+            f"no model-only bound: run `usg tune` on a copy of {graph.source} and pass its sidecar with "
+            f"--bound-sidecar COPY/{path.name} (or run `usg tune {graph.source}`, which writes {path.name} "
+            "next to the graph and makes `usg bench` run the tuned graph)"
+        )
         return None
     return BoundMeter(graph, path, samples)
 

@@ -7,15 +7,21 @@ raises them back toward the declared values when that pays.
 Cost. Every successful backend call (a :class:`~usg.records.BatchEvent`) gives a per-item
 cost, ``compute_ms / items``. Calls are binned by their size onto the candidate caps (powers
 of two below ``max_size``, and ``max_size``; ``preferred_sizes`` when declared): a call of
-``n`` items counts for the smallest candidate ``>= n``. Each bin keeps an exponentially
-weighted mean, so it follows a cost that changes.
+``n`` items counts for the smallest candidate ``>= n``. Each bin keeps the plain mean of its
+first ``1 / alpha`` calls, then an exponentially weighted mean, so it follows a cost that
+changes (and a freshly probed bin is not dominated by its first call).
 
 Hill climbing with hysteresis. Every ``window`` calls the controller compares the current
-cap's bin with its neighbours' and moves one step only when the neighbour is at least
-``hysteresis`` cheaper per item, and by more than twice the noise of the two means (each
-bin also keeps a weighted variance; on a shared CPU call times swing 2x). A neighbour it has
-not measured (or measured long ago) is *probed*: the cap moves there for one window, and the
-next decision keeps it or goes back.
+cap's bin with the others measured in that window and moves only when one is at least
+``hysteresis`` cheaper per item, and by more than three times the noise of the two means
+(each bin also keeps a weighted variance; on a shared CPU call times swing 2x). Back to a cap
+the settled cap left within ``recent_windows`` windows takes twice the hysteresis, and a bin
+counts as measured in a window only with two calls or more, none of them formed before the
+cap last changed (with two calls in flight, one formed at the old cap ends after the change):
+so two caps whose costs are close do not take turns. A cap it has not measured just now is
+*probed*: the cap moves there for one window, and the next decision keeps it or goes back —
+a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 with a call of
+1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
 ``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare;
 a move, or the current bin's cost drifting by more than the hysteresis from what it was when
@@ -55,27 +61,33 @@ class Decision:
 
 @dataclass
 class _Bin:
-    cost: float | None = None  # EWMA per-item compute, ms
-    var: float = 0.0  # EWMA of the squared deviation from it
+    cost: float | None = None  # per-item compute, ms: the running mean, then an EWMA
+    var: float = 0.0  # the same weighting of the squared deviation from it
     samples: int = 0
     window: int = 0  # the decision window of the last sample
+    in_window: int = 0  # samples in that window
 
     def add(self, per_item_ms: float, alpha: float, window: int) -> None:
+        self.samples += 1
+        self.in_window = self.in_window + 1 if window == self.window else 1
+        self.window = window
         if self.cost is None:
             self.cost = per_item_ms
-        else:
-            dev = per_item_ms - self.cost
-            self.cost += alpha * dev
-            self.var = (1 - alpha) * (self.var + alpha * dev * dev)
-        self.samples += 1
-        self.window = window
+            return
+        # the plain mean of the first 1/alpha samples, then the EWMA: a fresh bin (a probe's) is
+        # not dominated by its first call, as an EWMA seeded with it would be (0.75^3 = 42% of
+        # the mean after 4 calls at alpha 0.25)
+        a = max(alpha, 1.0 / self.samples)
+        dev = per_item_ms - self.cost
+        self.cost += a * dev
+        self.var = (1 - a) * (self.var + a * dev * dev)
 
     def stderr(self, alpha: float) -> float:
         """Standard error of the mean (an EWMA averages about (2 - alpha) / alpha samples)."""
-        n = min(self.samples, (2 - alpha) / alpha)
-        seen = 1 - (1 - alpha) ** max(0, self.samples - 1)  # the variance starts at 0: unbias it
-        var = self.var / seen if seen > 0 else 0.0
-        return math.sqrt(var / max(1.0, n))
+        if self.samples < 2:
+            return math.inf  # one call says nothing about the noise
+        n = min(float(self.samples), (2 - alpha) / alpha)
+        return math.sqrt(self.var * n / (n - 1) / n) if n > 1 else math.inf
 
 
 def candidate_sizes(policy: BatchPolicy) -> tuple[int, ...]:
@@ -99,10 +111,11 @@ class BatchController:
         clock: Callable[[], float] = time.monotonic,
         window: int = 12,
         min_samples: int = 4,
-        hysteresis: float = 0.1,
+        hysteresis: float = 0.05,
         alpha: float = 0.25,
         max_probe_gap: int = 64,
         stale_windows: int = 32,
+        recent_windows: int = 16,
         history: int = 256,
     ) -> None:
         self.model = model
@@ -115,6 +128,7 @@ class BatchController:
         self.alpha = alpha
         self.max_probe_gap = max(1, max_probe_gap)
         self.stale_windows = stale_windows
+        self.recent_windows = recent_windows
         self.target_p95_ms = policy.target_p95_ms
         self.decisions: deque[Decision] = deque(maxlen=history)
         self._i = len(self.sizes) - 1  # start from the declared max_size
@@ -130,6 +144,9 @@ class BatchController:
         self._probe_gap = 1
         self._next_probe = 1  # window number of the next allowed probe
         self._settled_cost: float | None = None
+        self._left: dict[int, int] = {}  # cap index -> the window the settled cap last left it
+        self._probed: dict[int, int] = {}  # cap index -> the window it was last probed
+        self._changed = -1  # the window in which the cap last changed (a move, a probe, its end)
         self._item_elements: float | None = None  # mean input elements per item (EWMA)
         self._record("start: declared values")
 
@@ -199,12 +216,26 @@ class BatchController:
         return b.cost
 
     def _cheaper(self, j: int, i: int) -> bool:
-        """Bin j's per-item cost is below bin i's by the hysteresis and by twice the noise of both."""
+        """Bin j's per-item cost is below bin i's by the hysteresis and by twice the noise of both;
+        by twice the hysteresis when the settled cap left j within ``recent_windows`` (going back
+        to a cap just left needs more evidence than leaving it did: no flipping between two caps
+        whose costs are close)."""
         a, b = self._bins[j], self._bins[i]
         if a.cost is None or b.cost is None:
             return False
-        noise = 2 * math.hypot(a.stderr(self.alpha), b.stderr(self.alpha))
-        return a.cost < b.cost * (1 - self.hysteresis) and b.cost - a.cost > noise
+        noise = 3 * math.hypot(a.stderr(self.alpha), b.stderr(self.alpha))
+        left = self._left.get(j)
+        margin = self.hysteresis * (2 if left is not None and self._windows - left <= self.recent_windows else 1)
+        return a.cost < b.cost * (1 - margin) and b.cost - a.cost > noise
+
+    def _fresh(self, i: int) -> float | None:
+        """Bin ``i``'s per-item cost if it was measured just now: at least two calls (not one
+        straggler, a call formed at the old cap that ended after a change) in the window that
+        ended, and none of that window's calls formed before the last change of the cap."""
+        b = self._bins[i]
+        if b.window != self._windows - 1 or b.in_window < 2 or self._changed >= self._windows - 1:
+            return None
+        return self._known(i, max_age=1)
 
     def _decide(self) -> None:
         self._windows += 1
@@ -232,7 +263,7 @@ class BatchController:
             self._settled_cost = here
         # every cap measured just now (calls smaller than the cap fill the smaller caps' bins for
         # free): jump to the cheapest that beats this one, not one step at a time
-        fresh = {j: self._known(j, max_age=1) for j in range(self._ceiling + 1) if j != self._i}
+        fresh = {j: self._fresh(j) for j in range(self._ceiling + 1) if j != self._i}
         better = [j for j, c in fresh.items() if c is not None and self._cheaper(j, self._i)]
         if better:
             j = min(better, key=lambda j: self._bins[j].cost or 0.0)
@@ -242,15 +273,35 @@ class BatchController:
             self._probe(depth)
 
     def _probe(self, depth: int) -> None:
-        """Try the neighbour measured longest ago (never a cap the queue could not fill)."""
-        allowed = [
-            j for j in (self._i - 1, self._i + 1) if 0 <= j <= self._ceiling and (j < self._i or depth >= self.sizes[j])
+        """Try a smaller cap that the occasional smaller call showed cheaper (the cheapest), else
+        the smaller cap or larger neighbour measured longest ago (never a cap the queue could not
+        fill). Smaller caps are all candidates, not only the neighbour: per-item cost can be flat
+        between neighbours and fall further down (rec here: 62 ms at 4, 60 at 2, 52 at 1)."""
+        here = self._bins[self._i].cost
+        hinted = [
+            j
+            for j in range(self._i - 1)
+            if here is not None
+            and self._bins[j].samples >= 2
+            and self._windows - self._bins[j].window <= self.stale_windows
+            and (self._bins[j].cost or 0.0) < here * (1 - self.hysteresis)
         ]
-        if not allowed:
+        up = self._i + 1
+        allowed = [*range(min(self._i, self._ceiling + 1))]
+        if up <= self._ceiling and depth >= self.sizes[up]:
+            allowed.append(up)
+        if hinted:  # rec at cap 4 with a call of 1 now and then: 1 is probed at once, not after 2
+            j = min(hinted, key=lambda j: self._bins[j].cost or 0.0)
+        elif allowed:
+            # the cap probed longest ago (calls smaller than the cap refresh a small cap's bin now
+            # and then, which is not a measurement at that cap: at cap 2, 4 was probed over and over)
+            j = min(allowed, key=lambda j: (self._probed.get(j, -1), j))
+        else:
             return
-        j = min(allowed, key=lambda j: (self._bins[j].samples > 0, self._bins[j].window))
+        self._probed[j] = self._windows
         self._bins[j] = _Bin()  # measure it afresh
         self._probe_from, self._i, self._probe_windows = self._i, j, 0
+        self._changed = self._windows
         self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
 
     def _end_probe(self) -> None:
@@ -261,6 +312,7 @@ class BatchController:
         if there is None and self._probe_windows < 2:
             return  # not enough calls at the probed cap yet
         self._probe_from = None
+        self._changed = self._windows
         if there is None:  # traffic fell: calls do not fill the probed cap, so it cannot be measured
             self._i = home
             self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
@@ -268,6 +320,7 @@ class BatchController:
             self._record(f"probe abandoned: no calls filled cap {self.sizes[probed]}")
             return
         if back is None or self._cheaper(probed, home):
+            self._left[home] = self._windows
             self._probe_gap = 1
             self._next_probe = self._windows + 1
             self._settled_cost = there
@@ -283,6 +336,8 @@ class BatchController:
         )
 
     def _move(self, j: int, reason: str) -> None:
+        self._left[self._i] = self._windows
+        self._changed = self._windows
         self._i = j
         self._probe_gap, self._next_probe = 1, self._windows + 1
         self._settled_cost = self._known(j)
