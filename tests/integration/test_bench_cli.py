@@ -28,8 +28,9 @@ def test_bench_in_process_against_sequential(tmp_path):
     doc = invoke(
         "bench",
         str(GRAPH),
+        # 8 s: a loaded machine finished no sequential request in a 3 s window (the ratio needs one)
         "--duration",
-        "3",
+        "8",
         "--warmup",
         "1",
         "--concurrency",
