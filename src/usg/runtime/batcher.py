@@ -38,7 +38,7 @@ __all__ = ["BatchEvent", "BatchingRunner"]
 log = logging.getLogger("usg.runtime.batcher")
 
 
-@dataclass(eq=False)  # identity: items hold arrays, and _take_batch looks items up with list.index
+@dataclass(eq=False, slots=True)  # identity: items hold arrays, and _take_batch looks items up with list.index
 class _Pending:
     item: Mapping[str, Any]
     future: asyncio.Future[dict[str, Any]]
@@ -267,7 +267,7 @@ class BatchingRunner:
             else:
                 cand, hi = cand_hi, hi + 1
             assert cand is not None
-            if not self._within_budget([*chosen, cand]):
+            if self.pad is not None and not self._within_budget([*chosen, cand]):
                 break
             chosen.append(cand)
         if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:

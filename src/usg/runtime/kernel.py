@@ -226,15 +226,16 @@ class BatchKernel:
         since = 0.0 if since_t is None else (t0 - since_t) * 1e3
         waits = tuple(waits_ms[i] + since for i in indices)
         real = padded = 0
+        rows = [item_rows(it, self.state) for it in items]
         try:
             inputs, real, padded = assemble(items, self.pad, self.state)
             out, cpu_ms = await call_with_deadline(
                 pool, self.backend, self.model, inputs, self.call_timeout_s, call_backend_cpu
             )
-            parts = split_outputs(out, items, self.pad, inputs, self.state)
+            parts = split_outputs(out, items, self.pad, inputs, self.state, rows)
         except Exception as exc:
             compute_ms = (time.perf_counter() - t0) * 1e3
-            emit(self._event(items, real, padded, waits, compute_ms, ok=False), indices)
+            emit(self._event(items, sum(rows), real, padded, waits, compute_ms, ok=False), indices)
             error = exc if isinstance(exc, USGError) else BackendError(f"model {self.model!r}: {exc}")
             if alone:
                 deliver(indices[0], error, ItemTiming(waits[0], compute_ms, 1))
@@ -242,14 +243,16 @@ class BatchKernel:
             return error
         compute_ms = (time.perf_counter() - t0) * 1e3
         cpu = cpu_ms if self.backend.cpu_in_caller else None
-        emit(self._event(items, real, padded, waits, compute_ms, ok=True, cpu_ms=cpu), indices)
+        emit(self._event(items, sum(rows), real, padded, waits, compute_ms, ok=True, cpu_ms=cpu), indices)
+        size = len(items)
         for i, wait, part in zip(indices, waits, parts, strict=True):
-            deliver(i, part, ItemTiming(wait, compute_ms, len(items)))
+            deliver(i, part, ItemTiming(wait, compute_ms, size))
         return None
 
     def _event(
         self,
         items: Sequence[Mapping[str, Any]],
+        rows: int,
         real: int,
         padded: int,
         waits: tuple[float, ...],
@@ -258,7 +261,6 @@ class BatchKernel:
         ok: bool,
         cpu_ms: float | None = None,
     ) -> BatchEvent:
-        rows = sum(item_rows(it, self.state) for it in items)
         return BatchEvent(self.model, len(items), rows, real, padded, waits, compute_ms, ok, cpu_ms)
 
 

@@ -157,10 +157,12 @@ def split_outputs(
     pad: PadPolicy | None,
     inputs: Mapping[str, Any],
     state: StateSpec | None = None,
+    rows: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says;
-    state outputs on the state's batch axis)."""
-    rows = [item_rows(it, state) for it in items]
+    state outputs on the state's batch axis). ``rows``: each item's :func:`item_rows`, if known."""
+    if rows is None:
+        rows = [item_rows(it, state) for it in items]
     total = sum(rows)
     parts: list[dict[str, Any]] = [{} for _ in items]
     for name, value in outputs.items():
@@ -189,7 +191,7 @@ def split_outputs(
     return parts
 
 
-def _split_state(name: str, arr: np.ndarray, rows: list[int], axis: int, parts: list[dict[str, Any]]) -> None:
+def _split_state(name: str, arr: np.ndarray, rows: Sequence[int], axis: int, parts: list[dict[str, Any]]) -> None:
     total = sum(rows)
     if arr.ndim <= axis or arr.shape[axis] != total:
         got = arr.shape[axis] if arr.ndim > axis else None
@@ -197,9 +199,8 @@ def _split_state(name: str, arr: np.ndarray, rows: list[int], axis: int, parts: 
             f"state output {name!r} {list(arr.shape)} has {got} rows on batch_axis {axis} for a batch of {total}; "
             "the model must keep the batch on the declared state batch_axis"
         )
+    lead = (slice(None),) * axis
     r = 0
     for part, n in zip(parts, rows, strict=True):
-        index = [slice(None)] * arr.ndim
-        index[axis] = slice(r, r + n)
-        part[name] = np.ascontiguousarray(arr[tuple(index)])
+        part[name] = arr[(*lead, slice(r, r + n))].copy()  # a copy: a stream's state must not hold the batch's
         r += n

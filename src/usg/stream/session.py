@@ -37,10 +37,10 @@ from usg.ops.audio import all_finite
 from usg.runtime import Executor
 from usg.runtime.result import to_jsonable
 from usg.runtime.streams import StreamState
-from usg.specs import Modality
+from usg.specs import AudioSpec, Modality
 from usg.stream.limits import SessionLimits
 
-__all__ = ["Chunk", "Session", "SessionManager", "error_event"]
+__all__ = ["Chunk", "Session", "SessionManager", "check_audio_chunk", "error_event"]
 
 _ids = itertools.count(1)
 log = logging.getLogger("usg.stream")
@@ -173,7 +173,7 @@ class Session:
                 why="stream_backlog",
             )
         if d.modality is Modality.AUDIO:
-            value = _audio_chunk(name, value)
+            value = check_audio_chunk(name, value)
             self._used.add(name)
         self._tokens -= 1.0
         self.last_active = now
@@ -199,15 +199,22 @@ class Session:
         ``coalesce_chunks``): one run instead of several, the same samples in the same order, so
         a session that fell behind catches up instead of paying the per-run cost per chunk."""
         chunk = self._pending.popleft()
+        if not self._pending or chunk.flush:
+            return chunk
         limit = self._manager.limits.coalesce_chunks
         audio = chunk.input in self._used and isinstance(chunk.value, np.ndarray)  # decoded audio only
-        if chunk.flush or limit <= 1 or not audio or not self._pending:
+        if limit <= 1 or not audio:
             return chunk
         parts = [chunk.value]
         last = chunk
+        spec = self._manager.audio_specs[chunk.input]
+        samples = chunk.value.shape[0]
         while self._pending and len(parts) < limit:
             nxt = self._pending[0]
             if nxt.flush or nxt.input != chunk.input or not isinstance(nxt.value, np.ndarray):
+                break
+            samples += nxt.value.shape[0]
+            if samples / spec.sample_rate > spec.max_seconds:  # joined they would be too long; alone they are not
                 break
             parts.append(self._pending.popleft().value)
             last = nxt
@@ -220,10 +227,14 @@ class Session:
         meta: dict[str, Any] = {"seq": chunk.seq, "input": chunk.input, "ts_ms": chunk.ts_ms}
         if chunk.first_seq is not None:
             meta["first_seq"] = chunk.first_seq
+        manager = self._manager
+        executor = manager.executor
+        rid = f"{self.id}:{chunk.seq}"
         try:
-            result = await self._manager.executor.infer(
-                {chunk.input: chunk.value}, stream=self.state, request_id=f"{self.id}:{chunk.seq}"
-            )
+            if chunk.flush or manager.checked(chunk.input, chunk.value):  # the executor's lean chunk run
+                result = await executor.run_chunk({chunk.input: chunk.value}, self.state, rid)
+            else:
+                result = await executor.infer({chunk.input: chunk.value}, stream=self.state, request_id=rid)
         except USGError as exc:
             await self._emit(error_event(exc, **meta))
             return
@@ -232,20 +243,35 @@ class Session:
             await self._emit(error_event(BackendError(f"internal error ({type(exc).__name__})"), **meta))
             return
         outputs = result.outputs
-        events_out = self._manager.event_outputs
+        events_out = manager.event_outputs
         for name in events_out:
             for item in outputs.get(name) or ():
-                await self._emit({**to_jsonable(item), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)})
+                event = {**to_jsonable(item), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)}
+                if not self._offer(event):
+                    await self._emit(event)
         rest = {k: v for k, v in outputs.items() if k not in events_out and not _empty(v)}
         if rest:
-            await self._emit({"type": "result", **meta, "outputs": to_jsonable(rest)})
+            event = {"type": "result", **meta, "outputs": to_jsonable(rest)}
+            if not self._offer(event):
+                await self._emit(event)
+
+    def _offer(self, event: dict[str, Any]) -> bool:
+        """Queue an event if there is room (False: :meth:`_emit` waits for it)."""
+        events = self._events
+        if self._full_since is not None or events.qsize() >= events.maxsize:
+            return False
+        events.put_nowait(event)
+        return True
 
     async def _emit(self, event: dict[str, Any]) -> None:
         """Queue an event; when the queue is full, wait (the session stops running chunks)."""
-        if self._events.full():
+        events = self._events
+        if not events.full():
+            events.put_nowait(event)
+        else:
             self._full_since = self._full_since or time.monotonic()
-        await self._events.put(event)
-        if not self._events.full():
+            await events.put(event)
+        if self._full_since is not None and not events.full():
             self._full_since = None
 
     def reader_stalled(self, now: float) -> bool:
@@ -294,8 +320,11 @@ class Session:
         self._manager.forget(self)
 
 
-def _audio_chunk(name: str, value: Any) -> Any:
-    """An audio chunk checked when it is sent (so a bad one never joins its neighbours' run)."""
+def check_audio_chunk(name: str, value: Any) -> Any:
+    """An audio chunk checked when it is sent (so a bad one never joins its neighbours' run): mono
+    float32 samples, finite, contiguous — the checks decoding would make of it, so a chunk of an
+    input with ``channels: 1`` runs without them (:meth:`usg.runtime.Executor.run_chunk`); its
+    length against ``max_seconds`` is the run's (:attr:`SessionManager.max_samples`)."""
     if not isinstance(value, np.ndarray):
         return value  # encoded audio: decoded (and checked) by the run
     if value.ndim != 1 or value.dtype != np.float32 or value.shape[0] == 0:
@@ -306,7 +335,7 @@ def _audio_chunk(name: str, value: Any) -> Any:
         )
     if not all_finite(value):
         raise InputError(f"{name}: audio chunk has NaN or infinite samples", field=name, fix="send finite samples")
-    return value
+    return np.ascontiguousarray(value)
 
 
 def _empty(value: Any) -> bool:
@@ -339,6 +368,10 @@ class SessionManager:
         self.executor = executor
         self.limits = limits or SessionLimits()
         self.event_outputs = event_outputs
+        #: the audio inputs' specs (rate, channels, max_seconds), as decoding applies them
+        self.audio_specs = {
+            n: d.audio or AudioSpec() for n, d in executor.graph.inputs.items() if d.modality is Modality.AUDIO
+        }
         self.sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -357,6 +390,17 @@ class SessionManager:
         session = Session(self, sid)
         self.sessions[sid] = session
         return session
+
+    def checked(self, name: str, value: Any) -> bool:
+        """Whether a chunk needs no more checks to run: samples of a mono audio input, checked when
+        sent (:func:`check_audio_chunk`), within the input's ``max_seconds``."""
+        spec = self.audio_specs.get(name)
+        return (
+            spec is not None
+            and spec.channels == 1
+            and isinstance(value, np.ndarray)
+            and value.shape[0] / spec.sample_rate <= spec.max_seconds
+        )
 
     def forget(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
