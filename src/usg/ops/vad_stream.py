@@ -132,7 +132,7 @@ def speech_events(
     min_silence = sample_rate * min_silence_ms / 1000
     pad = sample_rate * speech_pad_ms / 1000
     events: list[dict[str, Any]] = []
-    values = [float(np.asarray(p).reshape(-1)[0]) for p in probs]
+    values = [p.item(0) if isinstance(p, np.ndarray) else float(np.asarray(p).reshape(-1)[0]) for p in probs]
 
     def event(kind: str, sample: float) -> dict[str, Any]:
         ts = anchor[1] + (sample - anchor[0]) * 1000.0 / sample_rate

@@ -546,9 +546,7 @@ class Executor:
         items = [prepare(a) for a in self._split_map(node, args)]
         timings: list[ItemTiming | None] = [ItemTiming() for _ in items] if timing is not None else [None] * len(items)
         if stateful:  # one stream: its items run one after the other, each on the state the last left
-            outs = []
-            for it, t in zip(items, timings, strict=True):
-                outs.append(await self._submit_stateful(node, it, stream, t))
+            outs = await self._submit_stateful_items(node, items, stream, timings)
         else:
             outs = await runner.submit_many(items, timings)
         if timing is not None:
@@ -572,17 +570,30 @@ class Executor:
     ) -> dict[str, Any]:
         """One item of a stateful model (``item``: its own dict): the stream's state in, the next
         state stored back."""
+        return (await self._submit_stateful_items(node, [item], stream, [timing]))[0]
+
+    async def _submit_stateful_items(
+        self, node: NodeDef, items: list[dict[str, Any]], stream: StreamState, timings: list[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Items of a stateful model (each its own dict), one after the other: each takes the
+        stream's state, and the next state it returns is stored back before the next item."""
         assert node.model is not None
         spec = self.graph.models[node.model].state
         assert spec is not None
-        current = stream.models.get(node.name)
+        name = node.name
+        current = stream.models.get(name)
         if current is None:
             backend_specs = self._backends[node.model].input_specs
             current = {src: spec.initial(backend_specs[src]) for src in spec.pairs}
-        item.update(current)
-        out = await self._runners[node.model].submit(item, timing)
-        stream.models[node.name] = {src: out.pop(dst) for src, dst in spec.pairs.items()}
-        return out
+        submit = self._runners[node.model].submit
+        pairs = spec.pairs.items()
+        outs = []
+        for item, timing in zip(items, timings, strict=True):
+            item.update(current)
+            out = await submit(item, timing)
+            current = stream.models[name] = {src: out.pop(dst) for src, dst in pairs}
+            outs.append(out)
+        return outs
 
     # -- sync facade -------------------------------------------------------------------------
     def start_sync(self) -> None:

@@ -43,18 +43,19 @@ def next_size(size: int, pad: PadPolicy) -> int:
 
 
 def group_key(item: Mapping[str, Any], pad: PadPolicy | None) -> tuple[Any, ...]:
-    """Items with equal keys may share a batch (computed per item queued: kept lean)."""
+    """Items with equal keys may share a batch (computed per item queued: kept lean — dtype objects,
+    not their names, which numpy builds anew on every read)."""
     key: list[Any] = []
     for port in sorted(item):
         v = item[port]
         if isinstance(v, np.ndarray):
             shape = v.shape
             if not shape:
-                key.append((port, v.dtype.str, v.item()))
+                key.append((port, v.dtype, v.item()))
                 continue
             axes = _axes(pad, port) if pad is not None else ()
             dims = tuple(-1 if (a in axes) else d for a, d in enumerate(shape) if a > 0) if axes else shape[1:]
-            key.append((port, v.dtype.str, len(shape), dims))
+            key.append((port, v.dtype, dims))  # dims: one per axis past the batch axis, so the rank too
         else:
             key.append((port, "list"))
     return tuple(key)

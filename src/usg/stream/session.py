@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -40,7 +41,7 @@ from usg.runtime.streams import StreamState
 from usg.specs import AudioSpec, Modality
 from usg.stream.limits import SessionLimits
 
-__all__ = ["Chunk", "Session", "SessionManager", "check_audio_chunk", "error_event"]
+__all__ = ["Chunk", "EventQueue", "Session", "SessionManager", "check_audio_chunk", "error_event"]
 
 _ids = itertools.count(1)
 log = logging.getLogger("usg.stream")
@@ -78,6 +79,78 @@ def error_event(exc: USGError, **extra: Any) -> dict[str, Any]:
     }
 
 
+class EventQueue:
+    """A session's events not read yet: a bounded FIFO with asyncio.Queue's ``put`` / ``get``
+    (and its handling of a cancelled waiter), without the task accounting a session does not use;
+    its waiter lists are made when first needed, so an idle session holds one deque."""
+
+    __slots__ = ("_getters", "_items", "_putters", "maxsize")
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.maxsize = maxsize  # <= 0: unbounded
+        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        self._getters: collections.deque[asyncio.Future[None]] | None = None
+        self._putters: collections.deque[asyncio.Future[None]] | None = None
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= len(self._items)
+
+    def put_nowait(self, item: dict[str, Any]) -> None:
+        if self.full():
+            raise asyncio.QueueFull
+        self._items.append(item)
+        if self._getters:
+            _wake_next(self._getters)
+
+    def get_nowait(self) -> dict[str, Any]:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        item = self._items.popleft()
+        if self._putters:
+            _wake_next(self._putters)
+        return item
+
+    async def put(self, item: dict[str, Any]) -> None:
+        while self.full():
+            if self._putters is None:
+                self._putters = collections.deque()
+            await _wait(self._putters, lambda: not self.full())
+        self.put_nowait(item)
+
+    async def get(self) -> dict[str, Any]:
+        while not self._items:
+            if self._getters is None:
+                self._getters = collections.deque()
+            await _wait(self._getters, lambda: bool(self._items))
+        return self.get_nowait()
+
+
+async def _wait(waiters: collections.deque[asyncio.Future[None]], ready: Any) -> None:
+    """Wait in line; a waiter cancelled after it was woken passes the turn on (as asyncio.Queue)."""
+    waiter = asyncio.get_running_loop().create_future()
+    waiters.append(waiter)
+    try:
+        await waiter
+    except BaseException:
+        waiter.cancel()
+        with contextlib.suppress(ValueError):  # a put or get may have taken it off the line already
+            waiters.remove(waiter)
+        if ready() and not waiter.cancelled():
+            _wake_next(waiters)
+        raise
+
+
+def _wake_next(waiters: collections.deque[asyncio.Future[None]]) -> None:
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return
+
+
 class Session:
     """One stream of chunks; created by :meth:`SessionManager.open`."""
 
@@ -102,7 +175,7 @@ class Session:
         self._manager = manager
         self.state = StreamState(flush=False, sequential=True)
         self._pending: collections.deque[Chunk] = collections.deque()
-        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(manager.limits.max_pending_events)
+        self._events = EventQueue(manager.limits.max_pending_events)
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
         self._tokens = float(manager.limits.burst)
@@ -258,7 +331,7 @@ class Session:
     def _offer(self, event: dict[str, Any]) -> bool:
         """Queue an event if there is room (False: :meth:`_emit` waits for it)."""
         events = self._events
-        if self._full_since is not None or events.qsize() >= events.maxsize:
+        if self._full_since is not None or events.full():
             return False
         events.put_nowait(event)
         return True
@@ -281,11 +354,14 @@ class Session:
     # -- receiving ---------------------------------------------------------------------------
     async def next_event(self, timeout_s: float | None = None) -> dict[str, Any]:
         """The next event (waits up to ``timeout_s``; TimeoutError past it)."""
-        if timeout_s is None:
-            event = await self._events.get()
+        events = self._events
+        if events.qsize():
+            event = events.get_nowait()
+        elif timeout_s is None:
+            event = await events.get()
         else:
-            event = await asyncio.wait_for(self._events.get(), timeout_s)
-        if not self._events.full():
+            event = await asyncio.wait_for(events.get(), timeout_s)
+        if self._full_since is not None and not events.full():
             self._full_since = None
         return event
 
