@@ -275,6 +275,9 @@ class BatchingRunner:
             self.controller.formed(len(self._queue))
         head = self._queue[0]  # the oldest: the queue keeps the order items came in
         key = head.key
+        if self.pad is None and all(p.key is key and p.length == head.length for p in self._queue):
+            # one group of one length (a stateful model's windows): the steps below pick the oldest
+            return self._take_oldest(cap)
         group = sorted((p for p in self._queue if p.key is key or p.key == key), key=lambda p: (p.length, p.enqueued))
         # start the batch around the oldest item's length so it is never starved
         start = group.index(head)
@@ -300,6 +303,16 @@ class BatchingRunner:
                 chosen = sorted(chosen, key=lambda p: p.enqueued)[: max(fits)]
         taken = {id(p) for p in chosen}
         self._queue = [p for p in self._queue if id(p) not in taken]
+        return chosen
+
+    def _take_oldest(self, cap: int) -> list[_Pending]:
+        """The ``cap`` oldest items (fewer for ``preferred_sizes``), in the order they came in."""
+        chosen = self._queue[:cap]
+        if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:
+            fits = [s for s in self.policy.preferred_sizes if s <= len(chosen)]
+            if fits:
+                chosen = chosen[: max(fits)]
+        self._queue = self._queue[len(chosen) :]
         return chosen
 
     def _within_budget(self, items: list[_Pending]) -> bool:
