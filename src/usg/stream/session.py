@@ -18,6 +18,11 @@ calls, while each stream sees its own state. Per chunk it emits:
 got chunks, with no samples and ``flush`` set: remainders are padded out, open segments end),
 then emits ``closed``. Limits and backpressure: :class:`~usg.stream.limits.SessionLimits`.
 An idle session holds no task: a chunk starts one, which ends when the session's queue is empty.
+
+A chunk of samples for a mono audio input is checked when it is sent (:func:`check_audio_chunk`:
+what decoding would check of it) and runs through :meth:`usg.runtime.Executor.run_chunk`, the
+executor's lean run of a stream's chunk (:mod:`usg.runtime.chunks`); other chunks (encoded audio,
+images, text) run through :meth:`~usg.runtime.Executor.infer`. Both give the same events.
 """
 
 from __future__ import annotations
