@@ -16,7 +16,7 @@ most streams whose p95 chunk-to-event latency stays <= --p95-ms, with every smal
 passing too. Each row also prints the event-loop thread's CPU per chunk (the one thread every
 session's Python runs on). Then memory per idle session (tracemalloc) and 1,000 idle sessions open.
 
-Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 32,64,...] [--resolution 8]
+Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 32,64,...] [--resolution 8] [--graph G]
 """
 
 from __future__ import annotations
@@ -251,9 +251,10 @@ async def main() -> None:
     ap.add_argument("--streams", default="16,32,64,96,128,160,192,224,256,288,320,384,448,512")
     ap.add_argument("--resolution", type=int, default=8, help="refine each limit to within this many streams")
     ap.add_argument("--idle-sessions", type=int, default=1000)
+    ap.add_argument("--graph", type=Path, default=GRAPH, help="the VAD graph the sessions run (default: the example)")
     args = ap.parse_args()
     audio = speech()
-    graph = load_graph(GRAPH).without_cache()
+    graph = load_graph(args.graph).without_cache()
     pool = ThreadPoolExecutor(2, thread_name_prefix="silero")
     rows: dict[str, list[dict[str, float]]] = {"usg": [], "silero": []}
     async with Executor(graph, timeout_s=120) as executor:
