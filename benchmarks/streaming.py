@@ -9,11 +9,14 @@ the in-process executor, one :class:`usg.stream.Session` per stream (the silero 
 model, ``batch.max_size`` 64). Baseline: per stream its own ``VADIterator`` (all sharing one
 ``OnnxWrapper`` session, each with its own state), each chunk run on a 2-thread pool (2 cores),
 a stream's chunks one after the other — silero's documented streaming loop, served as a server
-would. For each system the stream count is stepped up; "sustains" = the most streams whose
-p95 chunk-to-event latency stays <= --p95-ms. Then memory per idle session (tracemalloc) and
-1,000 idle sessions open.
+would. For each system the stream count is stepped up (--streams; the two systems alternate at each
+count, so both see the load of the moment), then the step between its last pass and its first
+failure is halved until it is at most --resolution streams (again alternating). "Sustains" = the
+most streams whose p95 chunk-to-event latency stays <= --p95-ms, with every smaller count tried
+passing too. Each row also prints the event-loop thread's CPU per chunk (the one thread every
+session's Python runs on). Then memory per idle session (tracemalloc) and 1,000 idle sessions open.
 
-Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 4,8,12,...]
+Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 32,64,...] [--resolution 8] [--graph G]
 """
 
 from __future__ import annotations
@@ -114,11 +117,12 @@ async def run_usg(n: int, seconds: float, audio: np.ndarray, executor: Executor)
                 return
             due_of[i][seq] = due
 
-        cpu0 = time.process_time()
+        cpu0, loop0 = time.process_time(), time.thread_time()
         await _paced(n, seconds, audio, handle)
         await asyncio.gather(*(s.close() for s in sessions))
         await asyncio.gather(*readers)
         cpu = time.process_time() - cpu0  # until every chunk ran: the CPU the stream-seconds cost
+        loop_cpu = time.thread_time() - loop0  # of these, the event loop's thread (this one)
     warm = int(1.0 / CHUNK_S) * n
     kept = lat[warm:] if len(lat) > 2 * warm else lat
     p95_ms = p95(kept) * 1e3 if not dropped else float("inf")
@@ -129,6 +133,7 @@ async def run_usg(n: int, seconds: float, audio: np.ndarray, executor: Executor)
         "chunks": len(lat),
         "dropped": dropped,
         "cpu_ms_per_stream_s": cpu * 1e3 / (n * seconds),
+        "loop_us_per_chunk": loop_cpu * 1e6 / max(1, len(lat) + dropped),
     }
 
 
@@ -156,23 +161,44 @@ async def run_silero(n: int, seconds: float, audio: np.ndarray, pool: ThreadPool
         t.add_done_callback(tasks.discard)
 
     tasks: set[asyncio.Task[None]] = set()
-    cpu0 = time.process_time()
+    cpu0, loop0 = time.process_time(), time.thread_time()
     lat = await _paced(n, seconds, audio, handle)
     while tasks:
         await asyncio.sleep(0.01)
     cpu = time.process_time() - cpu0
+    loop_cpu = time.thread_time() - loop0
+    chunks = n * int(seconds / CHUNK_S)
     return {
         "streams": n,
         "p95_ms": p95(lat) * 1e3,
         "p50_ms": float(np.median(lat)) * 1e3,
         "chunks": len(lat),
         "cpu_ms_per_stream_s": cpu * 1e3 / (n * seconds),
+        "loop_us_per_chunk": loop_cpu * 1e6 / chunks,
     }
 
 
 def sustained(rows: list[dict[str, float]], target_ms: float) -> int:
-    ok = [int(r["streams"]) for r in rows if r["p95_ms"] <= target_ms]
-    return max(ok) if ok else 0
+    """The most streams that kept p95 <= target, every smaller count tried keeping it too."""
+    best = 0
+    for r in sorted(rows, key=lambda r: r["streams"]):
+        if r["p95_ms"] > target_ms:
+            break
+        best = int(r["streams"])
+    return best
+
+
+def next_probe(rows: list[dict[str, float]], target_ms: float, resolution: int) -> int | None:
+    """A count halfway between a system's last pass and its first failure, while they are more
+    than ``resolution`` apart (None: none to try)."""
+    ok = sustained(rows, target_ms)
+    above = [int(r["streams"]) for r in rows if r["streams"] > ok]
+    if not above:
+        return None
+    fail = min(above)
+    if fail - ok <= resolution:
+        return None
+    return (ok + fail) // 2
 
 
 async def memory(executor: Executor, audio: np.ndarray, count: int) -> dict[str, float]:
@@ -208,46 +234,67 @@ async def memory(executor: Executor, audio: np.ndarray, count: int) -> dict[str,
     return out
 
 
+def _print(name: str, row: dict[str, float]) -> None:
+    print(
+        f"{name:7s} streams={int(row['streams']):4d}  p50={row['p50_ms']:7.1f} ms  p95={row['p95_ms']:7.1f} ms  "
+        f"chunks={row['chunks']}  dropped (session behind) {row.get('dropped', 0)}  "
+        f"CPU {row['cpu_ms_per_stream_s']:.1f} ms per stream-second  "
+        f"loop thread {row['loop_us_per_chunk']:.0f} us per chunk",
+        flush=True,
+    )
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--p95-ms", type=float, default=100.0)
-    ap.add_argument("--streams", default="4,8,12,16,24,32,48,64,96,128,192")
+    ap.add_argument("--streams", default="16,32,64,96,128,160,192,224,256,288,320,384,448,512")
+    ap.add_argument("--resolution", type=int, default=8, help="refine each limit to within this many streams")
     ap.add_argument("--idle-sessions", type=int, default=1000)
+    ap.add_argument("--graph", type=Path, default=GRAPH, help="the VAD graph the sessions run (default: the example)")
     args = ap.parse_args()
     audio = speech()
-    graph = load_graph(GRAPH).without_cache()
+    graph = load_graph(args.graph).without_cache()
     pool = ThreadPoolExecutor(2, thread_name_prefix="silero")
-    usg_rows: list[dict[str, float]] = []
-    silero_rows: list[dict[str, float]] = []
+    rows: dict[str, list[dict[str, float]]] = {"usg": [], "silero": []}
     async with Executor(graph, timeout_s=120) as executor:
+
+        async def run(name: str, n: int) -> None:
+            if name == "usg":
+                row = await run_usg(n, args.seconds, audio, executor)
+            else:
+                row = await run_silero(n, args.seconds, audio, pool)
+            rows[name].append(row)
+            _print(name, row)
+
         # the two systems alternate, step by step, so both see the machine's load of the moment
         for n in (int(v) for v in args.streams.split(",")):
-            for name, rows in (("usg", usg_rows), ("silero", silero_rows)):
-                if rows and rows[-1]["p95_ms"] > 3 * args.p95_ms:
+            for name in rows:
+                done = rows[name]
+                if done and done[-1]["p95_ms"] > 3 * args.p95_ms:
                     continue  # this system stopped keeping up
-                if name == "usg":
-                    row = await run_usg(n, args.seconds, audio, executor)
-                else:
-                    row = await run_silero(n, args.seconds, audio, pool)
-                rows.append(row)
-                print(
-                    f"{name:7s} streams={n:4d}  p50={row['p50_ms']:7.1f} ms  p95={row['p95_ms']:7.1f} ms  "
-                    f"chunks={row['chunks']}  dropped (session behind) {row.get('dropped', 0)}  "
-                    f"CPU {row['cpu_ms_per_stream_s']:.1f} ms per stream-second",
-                    flush=True,
-                )
-            if all(rows and rows[-1]["p95_ms"] > 3 * args.p95_ms for rows in (usg_rows, silero_rows)):
+                await run(name, n)
+            if all(done and done[-1]["p95_ms"] > 3 * args.p95_ms for done in rows.values()):
                 break
+        # then each limit to within --resolution streams, the systems still alternating
+        while True:
+            probes = {name: next_probe(done, args.p95_ms, args.resolution) for name, done in rows.items()}
+            if all(p is None for p in probes.values()):
+                break
+            for name, probe in probes.items():
+                if probe is not None:
+                    await run(name, probe)
         mem = await memory(executor, audio, args.idle_sessions)
     pool.shutdown()
+    usg_rows, silero_rows = rows["usg"], rows["silero"]
     u, s = sustained(usg_rows, args.p95_ms), sustained(silero_rows, args.p95_ms)
     at64 = next((r for r in usg_rows if r["streams"] == 64), None)
     print()
     if at64 is not None:
         print(f"64 streams, USG sessions: p95 chunk-to-event {at64['p95_ms']:.1f} ms (target <= {args.p95_ms:g})")
     print(
-        f"streams sustained at p95 <= {args.p95_ms:g} ms: usg {u}, silero per-stream loop {s}, "
+        f"streams sustained at p95 <= {args.p95_ms:g} ms (every smaller count tried passing too; limits "
+        f"refined to within {args.resolution}): usg {u}, silero per-stream loop {s}, "
         f"ratio {u / s if s else float('inf'):.2f}x (target >= 3x)"
     )
     cu = min(r["cpu_ms_per_stream_s"] for r in usg_rows)
@@ -257,6 +304,10 @@ async def main() -> None:
         f"usg {cu:.1f} ms, silero loop {cs:.1f} ms; "
         f"ratio {cs / cu:.2f}x; streams 2 cores could carry at that cost: usg {2000 / cu:.0f}, silero {2000 / cs:.0f}"
     )
+    for n in sorted({64, 128, u}):
+        row = next((r for r in usg_rows if r["streams"] == n), None)
+        if row is not None:
+            print(f"event-loop thread CPU per chunk, usg at {n} streams: {row['loop_us_per_chunk']:.0f} us")
     print(
         f"memory: {mem['open_bytes_per_session'] / 1024:.1f} KiB per opened session, "
         f"{mem['idle_bytes_per_session'] / 1024:.1f} KiB per idle session after one chunk "

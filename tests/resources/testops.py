@@ -89,3 +89,27 @@ def text_length(text: str, *, scale: float = 1.0) -> dict[str, Any]:
 def doubled(inputs: Any) -> dict[str, Any]:
     """A python-backend model: a dict of batched arrays in, ``y = 2 x`` out (batch size kept)."""
     return {"y": np.asarray(inputs["x"]) * 2}
+
+
+@op(inputs={"audio": None}, outputs={"level": None, "seen": None, "ts": None, "flush": None}, inline=True)
+def chunk_level(
+    audio: np.ndarray,
+    *,
+    quiet: float = 0.01,
+    session_state: dict[str, Any] | None = None,
+    ts_ms: float = 0.0,
+    flush: bool = True,
+) -> dict[str, Any]:
+    """A stream op run on the loop: the chunk's mean level (None when quiet: its branch is
+    skipped), chunks seen so far; a chunk starting with the sample 0.75 raises."""
+    st = session_state if session_state is not None else {}
+    st["seen"] = st.get("seen", 0) + 1
+    if audio.size and float(audio[0]) == 0.75:
+        raise ValueError("marker sample")
+    level = float(np.abs(audio).mean()) if audio.size else 0.0
+    return {"level": level if level > quiet else None, "seen": st["seen"], "ts": ts_ms, "flush": flush}
+
+
+def level_db(level: float, seen: int) -> dict[str, Any]:
+    """Runs on a worker thread (not an op declared inline)."""
+    return {"db": round(20 * float(np.log10(level)), 6), "seen": seen}

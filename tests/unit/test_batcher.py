@@ -102,6 +102,20 @@ def test_preferred_sizes_cut_batches():
     assert fake.calls[0]["x"].shape[0] == 4
 
 
+def test_equal_items_run_oldest_first_and_unequal_rows_by_length():
+    # one shape and one length (a stream's windows): each batch takes the oldest items, in order
+    fake = summer()
+    items = [{"x": np.full((1, 2), i, np.float32)} for i in range(10)]
+    outs = asyncio.run(run_items(BatchPolicy(max_size=4, max_delay_ms=30, preferred_sizes=(1, 2, 4)), items, fake))
+    assert [float(o["s"][0, 0]) for o in outs] == [2.0 * i for i in range(10)]
+    assert [c["x"][:, 0].tolist() for c in fake.calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # the same shape past the batch axis but more rows: the oldest, then the items nearest its length
+    fake = summer()
+    items = [{"x": np.full((n, 2), n, np.float32)} for n in (3, 1, 2, 1)]
+    asyncio.run(run_items(BatchPolicy(max_size=3, max_delay_ms=30), items, fake))
+    assert [c["x"][:, 0].tolist() for c in fake.calls] == [[3, 3, 3, 2, 2, 1], [1]]
+
+
 def test_poison_item_fails_alone_and_the_rest_of_its_batch_succeeds():
     def handler(inp):
         if (inp["x"] < 0).any():

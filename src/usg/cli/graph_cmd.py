@@ -13,7 +13,7 @@ from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_quiet, ou
 from usg.cli.graph_picture import FORMATS, render_picture
 from usg.errors import UsageError
 from usg.graph import Graph, describe_model
-from usg.runtime.executor import plan_request
+from usg.runtime.request import plan_request
 
 __all__ = ["graph"]
 

@@ -35,6 +35,16 @@ __all__ = ["speech_events", "vad_windows"]
 _CONTEXT = {16_000: 64, 8_000: 32}
 
 
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
+#: the ``sr`` output per rate and an empty remainder: shared, read-only (one less array per chunk)
+_SR = {rate: _frozen(np.array(rate, dtype=np.int64)) for rate in _CONTEXT}
+_EMPTY = _frozen(np.zeros(0, np.float32))
+
+
 def _capture_ms(k: int, n_rest: int, rest_ts: float, ts_ms: float, rate: int) -> float:
     """Capture time of sample ``k`` of rest + chunk (the rest from earlier chunks, then this one)."""
     return rest_ts + k * 1000.0 / rate if k < n_rest else ts_ms + (k - n_rest) * 1000.0 / rate
@@ -53,31 +63,48 @@ def vad_windows(
     flush: bool = True,
 ) -> dict[str, Any]:
     """A chunk of mono samples → ``frames`` (``[1, context + window]`` each), ``sr`` and ``times``:
-    per window ``[its first sample's position in the stream, that sample's capture time in ms]``."""
+    per window ``[its first sample's position in the stream, that sample's capture time in ms]``.
+
+    Run once per chunk on the event loop (``inline``), so it copies each sample once: the context,
+    the remainder of earlier chunks, the chunk (and, on ``flush``, zeros) go into one buffer the
+    windows are views of."""
     window = vad_window(sample_rate)
     context = _CONTEXT[sample_rate]
-    x = np.asarray(audio, dtype=np.float32)
+    x = audio if isinstance(audio, np.ndarray) and audio.dtype == np.float32 else np.asarray(audio, dtype=np.float32)
     if x.ndim != 1:
         raise InputError(f"vad: audio has shape {list(x.shape)}", field="audio", fix="send mono audio (channels: 1)")
     st = session_state if session_state is not None else {}
-    rest: np.ndarray = st.get("rest", np.zeros(0, np.float32))
-    ctx: np.ndarray = st.get("context", np.zeros(context, np.float32))
+    rest: np.ndarray | None = st.get("rest")
+    ctx: np.ndarray | None = st.get("context")
     pos = int(st.get("pos", 0))  # stream position of rest[0]
     rest_ts = float(st.get("rest_ts", ts_ms))
-    n_rest = rest.shape[0]
-    buf = np.concatenate([rest, x]) if n_rest else x
-    n = buf.shape[0] // window
-    if flush and buf.shape[0] > n * window:
-        buf = np.concatenate([buf, np.zeros((n + 1) * window - buf.shape[0], np.float32)])
-        n += 1
-    full = np.concatenate([ctx, buf[: n * window]]) if n else ctx
+    n_rest = 0 if rest is None else rest.shape[0]
+    total = n_rest + x.shape[0]
+    n = total // window
+    if flush and total > n * window:
+        n += 1  # the remainder, zero-padded into a last window
+    if n:
+        full = np.empty(context + n * window, np.float32)
+        full[:context] = 0.0 if ctx is None else ctx
+        k = context
+        if n_rest:  # shorter than a window: all of it goes into this chunk's windows
+            full[k : k + n_rest] = rest
+            k += n_rest
+        take = min(x.shape[0], full.shape[0] - k)
+        full[k : k + take] = x[:take]
+        if k + take < full.shape[0]:
+            full[k + take :] = 0.0
+        st["rest"] = x[take:].copy() if take < x.shape[0] else _EMPTY
+        st["context"] = full[-context:].copy()
+    else:  # no whole window yet: the samples wait for the next chunk
+        full = np.zeros(0, np.float32)
+        st["rest"] = np.concatenate([rest, x]) if n_rest else x.copy()
+        st["context"] = np.zeros(context, np.float32) if ctx is None else ctx.copy()
     frames = [full[i * window : i * window + context + window][None] for i in range(n)]
     times = [[pos + i * window, _capture_ms(i * window, n_rest, rest_ts, ts_ms, sample_rate)] for i in range(n)]
-    st["context"] = full[-context:].copy()
-    st["rest"] = buf[n * window :].copy()
     st["pos"] = pos + n * window
     st["rest_ts"] = _capture_ms(n * window, n_rest, rest_ts, ts_ms, sample_rate)
-    return {"frames": frames, "sr": np.array(sample_rate, dtype=np.int64), "times": times}
+    return {"frames": frames, "sr": _SR[sample_rate], "times": times}
 
 
 @op(
@@ -105,7 +132,7 @@ def speech_events(
     min_silence = sample_rate * min_silence_ms / 1000
     pad = sample_rate * speech_pad_ms / 1000
     events: list[dict[str, Any]] = []
-    values = [float(np.asarray(p).reshape(-1)[0]) for p in probs]
+    values = [p.item(0) if isinstance(p, np.ndarray) else float(np.asarray(p).reshape(-1)[0]) for p in probs]
 
     def event(kind: str, sample: float) -> dict[str, Any]:
         ts = anchor[1] + (sample - anchor[0]) * 1000.0 / sample_rate

@@ -3,8 +3,9 @@
 from usg.records import NodeEvent
 from usg.runtime.align import AlignBuffer, Aligned, AlignStats
 from usg.runtime.events import ExecutionEvent, Finished, NodeFinished, TokenDelta
-from usg.runtime.executor import Executor, ExecutorState, plan_request
+from usg.runtime.executor import Executor, ExecutorState
 from usg.runtime.observer import Observer
+from usg.runtime.request import plan_request
 from usg.runtime.result import InferResult, to_jsonable
 
 __all__ = [

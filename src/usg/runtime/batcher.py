@@ -15,7 +15,6 @@ items of a failed batch alone, emit events), at most ``concurrency`` batches at 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,8 +36,10 @@ __all__ = ["BatchEvent", "BatchingRunner"]
 
 log = logging.getLogger("usg.runtime.batcher")
 
+_KEYS = 1024  # group keys a batcher remembers (shapes seen); past it, it starts over
 
-@dataclass(eq=False)  # identity: items hold arrays, and _take_batch looks items up with list.index
+
+@dataclass(eq=False, slots=True)  # identity: items hold arrays, and _take_batch looks items up with list.index
 class _Pending:
     item: Mapping[str, Any]
     future: asyncio.Future[dict[str, Any]]
@@ -80,7 +81,9 @@ class BatchingRunner:
         self.pad: PadPolicy | None = policy.pad
         self.listeners: list[Callable[[BatchEvent], None]] = list(listeners or ())
         self._queue: list[_Pending] = []
-        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
+        self._waiter: asyncio.Future[None] | None = None  # the scheduler's, while it waits for items
+        self._keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # group keys seen (bounded: _KEYS)
         self._slots: asyncio.Semaphore | None = None
         self._concurrency = max(1, concurrency)
         self._task: asyncio.Task[None] | None = None
@@ -106,15 +109,14 @@ class BatchingRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         if self._task is None:
-            self._wake = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
             self._slots = asyncio.Semaphore(self._concurrency)
             self._task = asyncio.create_task(self._schedule(), name=f"batcher:{self.model}")
 
     async def stop(self, timeout_s: float = 60.0) -> None:
         """Finish every queued item (up to ``timeout_s``), then stop the scheduler."""
         self._closing = True
-        if self._wake is not None:
-            self._wake.set()
+        self._notify()
         deadline = time.perf_counter() + timeout_s
         while (self._queue or self._running) and time.perf_counter() < deadline:
             if self._task is not None and self._task.done():
@@ -167,7 +169,7 @@ class BatchingRunner:
         return list(await asyncio.gather(*(p.future for p in pending)))
 
     def _admit(self) -> None:
-        if self._task is None or self._wake is None or self._task.done():
+        if self._task is None or self._task.done():
             raise StateError(f"batcher for model {self.model!r} is not started")
         if self._closing:
             raise StateError(f"model {self.model!r} is shutting down; it accepts no new items")
@@ -180,20 +182,44 @@ class BatchingRunner:
             )
 
     def _enqueue(self, item: Mapping[str, Any], timing: ItemTiming | None) -> _Pending:
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
+        assert self._loop is not None
+        key = group_key(item, self.pad)
+        known = self._keys.get(key)  # one object per key: _take_batch finds a group by identity
+        if known is None:
+            if len(self._keys) >= _KEYS:
+                self._keys.clear()
+            known = self._keys[key] = key
         pending = _Pending(
             item,
-            loop.create_future(),
+            self._loop.create_future(),
             time.perf_counter(),
-            group_key(item, self.pad),
+            known,
             item_length(item, self.pad),
             timing,
             item_rows(item, self.state),
         )
         self._queue.append(pending)
-        self._wake.set()
+        self._notify()
         return pending
+
+    def _notify(self) -> None:
+        """Wake the scheduler if it waits (it reads the queue again before it waits again)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _sleep(self, timeout_s: float | None) -> None:
+        """Wait until an item comes (``_notify``) or ``timeout_s`` passes: a future and a timer,
+        not ``asyncio.wait_for`` (a task and its callbacks each time an item shortens the wait)."""
+        assert self._loop is not None
+        waiter = self._waiter = self._loop.create_future()
+        timer = self._loop.call_later(timeout_s, _resolve, waiter) if timeout_s is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     # -- scheduling --------------------------------------------------------------------------
     def _delay_s(self) -> float:
@@ -203,7 +229,7 @@ class BatchingRunner:
         return self.batch_wait_ms / 1000.0 * (1.0 - fill)
 
     async def _schedule(self) -> None:
-        assert self._wake is not None and self._slots is not None
+        assert self._slots is not None
         while True:
             try:
                 await self._schedule_once()
@@ -217,17 +243,14 @@ class BatchingRunner:
                 self._queue.clear()
 
     async def _schedule_once(self) -> None:
-        assert self._wake is not None and self._slots is not None
+        assert self._slots is not None
         if not self._queue:
-            self._wake.clear()
-            await self._wake.wait()
+            await self._sleep(None)
             return
-        oldest = min(p.enqueued for p in self._queue)
+        oldest = self._queue[0].enqueued  # the queue keeps the order items came in
         wait = oldest + self._delay_s() - time.perf_counter()
         if wait > 0 and not self._closing and len(self._queue) < self.batch_cap:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            await self._sleep(wait)
             return
         await self._slots.acquire()
         try:
@@ -250,8 +273,12 @@ class BatchingRunner:
         cap = self.batch_cap
         if self.controller is not None:
             self.controller.formed(len(self._queue))
-        head = min(self._queue, key=lambda p: p.enqueued)
-        group = sorted((p for p in self._queue if p.key == head.key), key=lambda p: (p.length, p.enqueued))
+        head = self._queue[0]  # the oldest: the queue keeps the order items came in
+        key = head.key
+        if self.pad is None and all(p.key is key and p.length == head.length for p in self._queue):
+            # one group of one length (a stateful model's windows): the steps below pick the oldest
+            return self._take_oldest(cap)
+        group = sorted((p for p in self._queue if p.key is key or p.key == key), key=lambda p: (p.length, p.enqueued))
         # start the batch around the oldest item's length so it is never starved
         start = group.index(head)
         chosen: list[_Pending] = [head]
@@ -267,7 +294,7 @@ class BatchingRunner:
             else:
                 cand, hi = cand_hi, hi + 1
             assert cand is not None
-            if not self._within_budget([*chosen, cand]):
+            if self.pad is not None and not self._within_budget([*chosen, cand]):
                 break
             chosen.append(cand)
         if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:
@@ -276,6 +303,16 @@ class BatchingRunner:
                 chosen = sorted(chosen, key=lambda p: p.enqueued)[: max(fits)]
         taken = {id(p) for p in chosen}
         self._queue = [p for p in self._queue if id(p) not in taken]
+        return chosen
+
+    def _take_oldest(self, cap: int) -> list[_Pending]:
+        """The ``cap`` oldest items (fewer for ``preferred_sizes``), in the order they came in."""
+        chosen = self._queue[:cap]
+        if self.policy.preferred_sizes and len(chosen) not in self.policy.preferred_sizes:
+            fits = [s for s in self.policy.preferred_sizes if s <= len(chosen)]
+            if fits:
+                chosen = chosen[: max(fits)]
+        self._queue = self._queue[len(chosen) :]
         return chosen
 
     def _within_budget(self, items: list[_Pending]) -> bool:
@@ -320,7 +357,7 @@ class BatchingRunner:
                 p.future.set_result(outcome)
 
         try:
-            await self.kernel.run([p.item for p in batch], waits, deliver, self._emit, release)
+            await self.kernel.run([p.item for p in batch], waits, deliver, self._emit, release, [p.rows for p in batch])
         except Exception as exc:  # a bug in assembling/splitting: fail these items, keep serving
             log.exception("batcher %s: batch failed outside the backend", self.model)
             for p in batch:
@@ -334,3 +371,8 @@ class BatchingRunner:
             self.controller.observe(event)
         for listener in self.listeners:
             listener(event)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -15,7 +15,6 @@ import itertools
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,13 @@ import numpy as np
 
 from usg.backends import Backend
 from usg.cache import NodeCache, check_expected, digest_inputs
-from usg.cache.node_cache import CacheBegin
 from usg.callables import accepted_params, import_callable
 from usg.errors import BackendError, GraphError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
-from usg.graph.model import OUT_ALIAS, Graph, NodeDef, Ref, model_output, wireable_outputs
+from usg.graph.model import Graph, NodeDef, model_output, wireable_outputs
 from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
+from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
 from usg.runtime.cpu_gate import CpuGate
 from usg.runtime.events import (
@@ -38,12 +37,12 @@ from usg.runtime.events import (
     Finished,
     NodeFinished,
     TokenCallback,
-    TokenDelta,
     stream_events,
 )
 from usg.runtime.inputs import Undecoded, decode_pending, normalize_inputs
 from usg.runtime.loop_thread import LoopThread
 from usg.runtime.observer import Observer
+from usg.runtime.request import EmptyFanOut, Request, aliased, call_fn, plan_request
 from usg.runtime.result import InferResult
 from usg.runtime.runner import DirectRunner, ModelRunner, backend_for, concurrency_for
 from usg.runtime.streams import StreamState
@@ -59,102 +58,6 @@ class ExecutorState(enum.StrEnum):
     RUNNING = "running"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-@dataclass
-class _Request:
-    """One request in flight: its inputs, each node's task, and the outputs and times of the
-    nodes that ran (``None``: the node was skipped at run time)."""
-
-    rid: str
-    values: dict[str, Any]
-    stream: StreamState
-    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    outputs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    node_ms: dict[str, float] = field(default_factory=dict)
-    cache: CacheBegin | None = None
-    emit: EventSink | None = None  # a streaming caller's sink (see usg.runtime.events)
-
-    def token_callback(self, node: str) -> TokenCallback | None:
-        """What an LLM node calls with each token delta, when the caller streams."""
-        emit = self.emit
-        if emit is None:
-            return None
-        return lambda text: emit(TokenDelta(node, text))
-
-    def node_args(self, node: NodeDef) -> dict[str, Any] | None:
-        """The node's inputs by port, or None when one is absent (its branch is skipped)."""
-        args: dict[str, Any] = {}
-        for port, ref in node.inputs.items():
-            if port in node.optional and self._absent(ref):
-                continue  # the node runs without it
-            if ref.is_graph_input:
-                args[port] = self.values[ref.port]
-                continue
-            up = self.outputs.get(ref.source)
-            if up is None:  # upstream skipped at run time
-                return None
-            if ref.port not in up:
-                raise BackendError(
-                    f"node {ref.source!r} returned no output {ref.port!r} (it returned "
-                    f"{sorted(up)}), which node {node.name!r} needs; fix: return {ref.port!r} from it"
-                )
-            args[port] = up[ref.port]
-        return None if any(v is None for v in args.values()) else args
-
-    def _absent(self, ref: Ref) -> bool:
-        if ref.is_graph_input:
-            return self.values.get(ref.port) is None
-        up = self.outputs.get(ref.source)
-        return up is None or up.get(ref.port) is None
-
-    def graph_outputs(self, graph: Graph) -> dict[str, Any]:
-        """The graph's outputs that have a value (absent ones are left out, not errors)."""
-        result: dict[str, Any] = {}
-        for oname, ref in graph.outputs.items():
-            if ref.is_graph_input:
-                if ref.port in self.values:
-                    result[oname] = self.values[ref.port]
-                continue
-            up = self.outputs.get(ref.source)
-            if up is not None and ref.port in up and up[ref.port] is not None:
-                result[oname] = up[ref.port]
-        return result
-
-
-def _aliased(out: dict[str, Any], out_names: list[str]) -> dict[str, Any]:
-    """A single-output model's outputs with the ``out`` alias added (:func:`model_output`)."""
-    if len(out_names) != 1 or OUT_ALIAS in out:
-        return out
-    real = model_output(OUT_ALIAS, out_names)
-    return {**out, OUT_ALIAS: out[real]} if real in out else out
-
-
-class _EmptyFanOut(dict[str, Any]):
-    """Outputs of a map node that ran over an empty list: every port is an empty list."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __missing__(self, key: str) -> list[Any]:
-        return []
-
-
-def plan_request(graph: Graph, present: set[str]) -> tuple[list[str], list[str]]:
-    """Nodes that run for a set of present graph inputs, and nodes pruned (in graph order)."""
-    active: list[str] = []
-    alive: set[str] = set()
-    for name in graph.order:
-        node = graph.nodes[name]
-        ok = all(
-            (r.port in present) if r.is_graph_input else (r.source in alive)
-            for p, r in node.inputs.items()
-            if p not in node.optional
-        )
-        if ok:
-            alive.add(name)
-            active.append(name)
-    return active, [n for n in graph.order if n not in alive]
 
 
 class Executor:
@@ -209,12 +112,16 @@ class Executor:
         self._fn_opts: dict[str, dict[str, Any]] = {}  # the options each function accepts
         self._checks: dict[str, InputCheck] = {}  # model node -> its input contract check
         self._fn_inline: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
+        self._inline_fns: dict[str, InlineFn] = {}  # the same nodes, for chunk plans (usg.runtime.chunks)
         self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
         self._out_names: dict[str, list[str]] = {}
+        self._map_ports: dict[str, list[tuple[str, str]]] = {}
         self._sync = LoopThread()
         self._inflight = 0
         self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
-        node_cache = NodeCache(graph, self._cache_event, _EmptyFanOut) if cache else None
+        self._chunk_plans: dict[frozenset[str], ChunkPlan | None] = {}
+        self._deadlines = Deadlines()  # of the chunk runs in flight (run_chunk)
+        node_cache = NodeCache(graph, self._cache_event, EmptyFanOut) if cache else None
         self.cache = node_cache if node_cache is not None and node_cache.enabled else None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -252,6 +159,8 @@ class Executor:
                 if sig is not None and sig.inline and not node.map:
                     decide = sig.inline
                     self._fn_inline[node.name] = decide if callable(decide) else (lambda _args: True)
+                    per_call = decide if callable(decide) else None  # None: always inline
+                    self._inline_fns[node.name] = InlineFn(func, self._fn_opts[node.name], names, per_call)
         self.state = ExecutorState.RUNNING
 
     def _check_states(self) -> None:
@@ -352,7 +261,7 @@ class Executor:
     def _observers_read_values(self) -> bool:
         return any(type(obs).request_values is not Observer.request_values for obs in self.observers)
 
-    def _inputs_to_decode(self, state: _Request, active: list[str], skip: set[str]) -> list[str]:
+    def _inputs_to_decode(self, state: Request, active: list[str], skip: set[str]) -> list[str]:
         pending = {n for n, v in state.values.items() if isinstance(v, Undecoded)}
         if not pending:
             return []
@@ -438,6 +347,21 @@ class Executor:
             for obs in self.observers:
                 obs.request_finished(rid, modalities, time.perf_counter() - t0, status, pruned)
 
+    async def run_chunk(self, inputs: Mapping[str, Any], stream: StreamState, request_id: str) -> InferResult:
+        """Run one chunk of a sequential stream (a session's) whose values were checked when it
+        was sent (decoded audio: :func:`usg.stream.session.check_audio_chunk`; a flush run's empty
+        arrays): the lean run of :mod:`usg.runtime.chunks`, with the events and errors of
+        :meth:`infer`, which runs it instead when a node cache is on or the inputs need it."""
+        if self.state is not ExecutorState.RUNNING or self.cache is not None or not stream.sequential:
+            return await self.infer(inputs, stream=stream, request_id=request_id)
+        key = frozenset(inputs)
+        plan = self._chunk_plans.get(key)
+        if plan is None and key not in self._chunk_plans:
+            plan = self._chunk_plans[key] = plan_chunk(self.graph, key, self.plan, self._inline_fns)
+        if plan is None:  # an unknown or missing input: infer raises the error
+            return await self.infer(inputs, stream=stream, request_id=request_id)
+        return await run_chunk(self, plan, dict(inputs), stream, request_id)
+
     def stream(
         self,
         inputs: Mapping[str, Any],
@@ -465,7 +389,7 @@ class Executor:
         stream: StreamState | None = None,
     ) -> InferResult:
         active, pruned = self.plan(set(values))
-        state = _Request(rid, values, stream or StreamState(), emit=events)
+        state = Request(rid, values, stream or StreamState(), emit=events)
         if self.cache is not None:  # hits fill outputs; nodes only they needed do not run
             state.cache = await self.cache.begin(active, digests)
             state.outputs.update(state.cache.hits)
@@ -498,7 +422,7 @@ class Executor:
         integrity = {n: f"sha256:{d}" for n, d in digests.items()}
         return InferResult(state.graph_outputs(self.graph), all_pruned, state.node_ms, rid, integrity)
 
-    async def _run_node(self, state: _Request, name: str) -> None:
+    async def _run_node(self, state: Request, name: str) -> None:
         node = self.graph.nodes[name]
         if state.tasks:  # run as tasks (not one after the other): wait for the upstream nodes' tasks
             sources = {r.source for r in node.inputs.values() if not r.is_graph_input}
@@ -532,13 +456,19 @@ class Executor:
             end = time.perf_counter()
             state.node_ms[name] = (end - start) * 1e3
             if self.observers:
-                kind, model = node.kind, node.model
-                q, c, calls = timing.queue_ms, timing.compute_ms, tuple(timing.engine_calls)
-                event = NodeEvent(state.rid, name, kind, model, start, end, q, c, items, ok, calls)
-                for obs in self.observers:
-                    obs.node_finished(event)
+                self._node_finished(state.rid, node, start, end, timing, items, ok)
         if state.emit is not None:
             state.emit(NodeFinished(name, state.node_ms[name]))
+
+    def _node_finished(
+        self, rid: str, node: NodeDef, start: float, end: float, timing: ItemTiming | None, items: int, ok: bool
+    ) -> None:
+        """Tell the observers a node ran (``timing``: where its items' time went)."""
+        t = timing or ItemTiming()
+        calls = tuple(t.engine_calls)
+        event = NodeEvent(rid, node.name, node.kind, node.model, start, end, t.queue_ms, t.compute_ms, items, ok, calls)
+        for obs in self.observers:
+            obs.node_finished(event)
 
     async def _run_fn_node(
         self, node: NodeDef, args: dict[str, Any], stream: StreamState
@@ -548,32 +478,17 @@ class Executor:
         opts = dict(self._fn_opts[node.name])
         opts.update(stream.node_params(node.name, names))
         loop = asyncio.get_running_loop()
-
-        def call(kwargs: dict[str, Any]) -> dict[str, Any]:
-            try:
-                out = func(**kwargs, **opts)
-            except USGError:
-                raise
-            except Exception as exc:
-                raise BackendError(f"node {node.name!r} (fn {node.fn}) raised {type(exc).__name__}: {exc}") from exc
-            if not isinstance(out, dict):
-                raise BackendError(
-                    f"node {node.name!r} (fn {node.fn}) returned {type(out).__name__}; "
-                    "fix: return a dict of output port -> value"
-                )
-            return out
-
         if not node.map:
             inline = self._fn_inline.get(node.name)
             if inline is not None and inline(args):
-                return call(args), 1
-            return await loop.run_in_executor(self._pool, call, args), 1
+                return call_fn(node, func, args, opts), 1
+            return await loop.run_in_executor(self._pool, call_fn, node, func, args, opts), 1
         per_item = self._split_map(node, args)
 
         def call_all() -> dict[str, Any]:
-            results = [call(a) for a in per_item]
+            results = [call_fn(node, func, a, opts) for a in per_item]
             if not results:
-                return _EmptyFanOut()
+                return EmptyFanOut()
             return {k: [r[k] for r in results] for k in results[0]}
 
         return await loop.run_in_executor(self._pool, call_all), len(per_item)
@@ -600,12 +515,13 @@ class Executor:
         self,
         node: NodeDef,
         args: dict[str, Any],
-        timing: ItemTiming,
+        timing: ItemTiming | None,
         stream: StreamState,
         on_token: TokenCallback | None = None,
     ) -> tuple[dict[str, Any], int]:
         """Run a model node (``on_token``: the caller streams; a map node's items stream no tokens,
-        as their deltas would interleave)."""
+        as their deltas would interleave). ``args`` is the node's own dict (built per run): its
+        items are prepared in place. ``timing`` None: nobody reads the node's times."""
         assert node.model is not None
         runner = self._runners[node.model]
         out_names = self._out_names[node.model]
@@ -615,7 +531,9 @@ class Executor:
             check = self._checks[node.name] = InputCheck(node.name, node.model, self._in_specs[node.model])
 
         def prepare(item: dict[str, Any]) -> dict[str, Any]:
-            item = {p: ([v] if isinstance(v, str) else v) for p, v in item.items()}
+            for p, v in item.items():
+                if isinstance(v, str):
+                    item[p] = [v]
             check(item)
             return item
 
@@ -624,34 +542,58 @@ class Executor:
                 out = await self._submit_stateful(node, prepare(args), stream, timing)
             else:
                 out = await runner.submit(prepare(args), timing, on_token)
-            return _aliased(out, out_names), 1
+            return aliased(out, out_names), 1
         items = [prepare(a) for a in self._split_map(node, args)]
-        timings = [ItemTiming() for _ in items]
+        timings: list[ItemTiming | None] = [ItemTiming() for _ in items] if timing is not None else [None] * len(items)
         if stateful:  # one stream: its items run one after the other, each on the state the last left
-            outs = [await self._submit_stateful(node, it, stream, t) for it, t in zip(items, timings, strict=True)]
+            outs = await self._submit_stateful_items(node, items, stream, timings)
         else:
             outs = await runner.submit_many(items, timings)
-        timing.queue_ms = sum(t.queue_ms for t in timings)
-        timing.compute_ms = sum(t.compute_ms for t in timings)
-        timing.engine_calls.extend(c for t in timings for c in t.engine_calls)
-        keys = wireable_outputs(out_names)
-        gathered = {k: [o[model_output(k, out_names)] for o in outs] for k in keys}
+        if timing is not None:
+            done = [t for t in timings if t is not None]
+            timing.queue_ms = sum(t.queue_ms for t in done)
+            timing.compute_ms = sum(t.compute_ms for t in done)
+            timing.engine_calls.extend(c for t in done for c in t.engine_calls)
+        gathered = {k: [o[real] for o in outs] for k, real in self._gathered_ports(node.model)}
         return gathered, len(items)
 
+    def _gathered_ports(self, model: str) -> list[tuple[str, str]]:
+        """A map node's outputs over ``model``: each port a wire may name, and the output it reads."""
+        ports = self._map_ports.get(model)
+        if ports is None:
+            out_names = self._out_names[model]
+            ports = self._map_ports[model] = [(k, model_output(k, out_names)) for k in wireable_outputs(out_names)]
+        return ports
+
     async def _submit_stateful(
-        self, node: NodeDef, item: dict[str, Any], stream: StreamState, timing: ItemTiming
+        self, node: NodeDef, item: dict[str, Any], stream: StreamState, timing: ItemTiming | None
     ) -> dict[str, Any]:
-        """One item of a stateful model: the stream's state in, the next state stored back."""
+        """One item of a stateful model (``item``: its own dict): the stream's state in, the next
+        state stored back."""
+        return (await self._submit_stateful_items(node, [item], stream, [timing]))[0]
+
+    async def _submit_stateful_items(
+        self, node: NodeDef, items: list[dict[str, Any]], stream: StreamState, timings: list[ItemTiming | None]
+    ) -> list[dict[str, Any]]:
+        """Items of a stateful model (each its own dict), one after the other: each takes the
+        stream's state, and the next state it returns is stored back before the next item."""
         assert node.model is not None
         spec = self.graph.models[node.model].state
         assert spec is not None
-        current = stream.models.get(node.name)
+        name = node.name
+        current = stream.models.get(name)
         if current is None:
             backend_specs = self._backends[node.model].input_specs
             current = {src: spec.initial(backend_specs[src]) for src in spec.pairs}
-        out = await self._runners[node.model].submit({**item, **current}, timing)
-        stream.models[node.name] = {src: out.pop(dst) for src, dst in spec.pairs.items()}
-        return out
+        submit = self._runners[node.model].submit
+        pairs = spec.pairs.items()
+        outs = []
+        for item, timing in zip(items, timings, strict=True):
+            item.update(current)
+            out = await submit(item, timing)
+            current = stream.models[name] = {src: out.pop(dst) for src, dst in pairs}
+            outs.append(out)
+        return outs
 
     # -- sync facade -------------------------------------------------------------------------
     def start_sync(self) -> None:

@@ -160,10 +160,12 @@ class BatchKernel:
         deliver: Deliver,
         emit: Emit,
         release: Callable[[], None] | None = None,
+        rows: Sequence[int] | None = None,
     ) -> None:
         """Run ``items`` as one call; if it fails, each item alone, all at once.
 
-        ``waits_ms``: each item's wait before this run (for its timing and the events).
+        ``waits_ms``: each item's wait before this run (for its timing and the events); ``rows``:
+        each item's :func:`~usg.runtime.padding.item_rows`, if the caller knows them.
         ``release`` is called once the first call has ended (ok, failed or timed out): the
         single-item retries that may follow run on the kernel's own threads, not in the
         caller's slot.
@@ -171,7 +173,9 @@ class BatchKernel:
         start = time.perf_counter()
         indices = tuple(range(len(items)))
         try:
-            failed = await self._call(items, indices, waits_ms, None, self.pool, deliver, emit, alone=len(items) == 1)
+            failed = await self._call(
+                items, indices, waits_ms, None, self.pool, deliver, emit, alone=len(items) == 1, rows=rows
+            )
         finally:
             if release is not None:
                 release()
@@ -198,16 +202,17 @@ class BatchKernel:
         emit: Emit,
         *,
         alone: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> USGError | None:
         """One backend call over ``items``; delivers on success (and, ``alone``, on failure).
 
         ``start``: when the first call of a retry began (its time counts as the item's wait).
         Returns the error of a failed call that was not delivered, else None."""
         if self.gate is None or not self.gate.applies(self.backend):
-            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, None, alone)
+            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, None, alone, rows)
         queued = time.perf_counter()
         async with self.gate.hold(self.backend):  # waiting for a core is queueing, not compute
-            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone)
+            return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone, rows)
 
     async def _call_now(
         self,
@@ -220,21 +225,24 @@ class BatchKernel:
         emit: Emit,
         queued: float | None,
         alone: bool,
+        rows: Sequence[int] | None = None,
     ) -> USGError | None:
         t0 = time.perf_counter()
         since_t = start if start is not None else queued  # a retry's first start, else the gate wait
         since = 0.0 if since_t is None else (t0 - since_t) * 1e3
         waits = tuple(waits_ms[i] + since for i in indices)
         real = padded = 0
+        if rows is None:
+            rows = [item_rows(it, self.state) for it in items]
         try:
             inputs, real, padded = assemble(items, self.pad, self.state)
             out, cpu_ms = await call_with_deadline(
                 pool, self.backend, self.model, inputs, self.call_timeout_s, call_backend_cpu
             )
-            parts = split_outputs(out, items, self.pad, inputs, self.state)
+            parts = split_outputs(out, items, self.pad, inputs, self.state, rows)
         except Exception as exc:
             compute_ms = (time.perf_counter() - t0) * 1e3
-            emit(self._event(items, real, padded, waits, compute_ms, ok=False), indices)
+            emit(self._event(items, sum(rows), real, padded, waits, compute_ms, ok=False), indices)
             error = exc if isinstance(exc, USGError) else BackendError(f"model {self.model!r}: {exc}")
             if alone:
                 deliver(indices[0], error, ItemTiming(waits[0], compute_ms, 1))
@@ -242,14 +250,16 @@ class BatchKernel:
             return error
         compute_ms = (time.perf_counter() - t0) * 1e3
         cpu = cpu_ms if self.backend.cpu_in_caller else None
-        emit(self._event(items, real, padded, waits, compute_ms, ok=True, cpu_ms=cpu), indices)
+        emit(self._event(items, sum(rows), real, padded, waits, compute_ms, ok=True, cpu_ms=cpu), indices)
+        size = len(items)
         for i, wait, part in zip(indices, waits, parts, strict=True):
-            deliver(i, part, ItemTiming(wait, compute_ms, len(items)))
+            deliver(i, part, ItemTiming(wait, compute_ms, size))
         return None
 
     def _event(
         self,
         items: Sequence[Mapping[str, Any]],
+        rows: int,
         real: int,
         padded: int,
         waits: tuple[float, ...],
@@ -258,7 +268,6 @@ class BatchKernel:
         ok: bool,
         cpu_ms: float | None = None,
     ) -> BatchEvent:
-        rows = sum(item_rows(it, self.state) for it in items)
         return BatchEvent(self.model, len(items), rows, real, padded, waits, compute_ms, ok, cpu_ms)
 
 

@@ -43,18 +43,19 @@ def next_size(size: int, pad: PadPolicy) -> int:
 
 
 def group_key(item: Mapping[str, Any], pad: PadPolicy | None) -> tuple[Any, ...]:
-    """Items with equal keys may share a batch (computed per item queued: kept lean)."""
+    """Items with equal keys may share a batch (computed per item queued: kept lean — dtype objects,
+    not their names, which numpy builds anew on every read)."""
     key: list[Any] = []
     for port in sorted(item):
         v = item[port]
         if isinstance(v, np.ndarray):
             shape = v.shape
             if not shape:
-                key.append((port, v.dtype.str, v.item()))
+                key.append((port, v.dtype, v.item()))
                 continue
             axes = _axes(pad, port) if pad is not None else ()
             dims = tuple(-1 if (a in axes) else d for a, d in enumerate(shape) if a > 0) if axes else shape[1:]
-            key.append((port, v.dtype.str, len(shape), dims))
+            key.append((port, v.dtype, dims))  # dims: one per axis past the batch axis, so the rank too
         else:
             key.append((port, "list"))
     return tuple(key)
@@ -157,10 +158,12 @@ def split_outputs(
     pad: PadPolicy | None,
     inputs: Mapping[str, Any],
     state: StateSpec | None = None,
+    rows: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Cut batch outputs back into per-item outputs (rows, and padded axes where a trim rule says;
-    state outputs on the state's batch axis)."""
-    rows = [item_rows(it, state) for it in items]
+    state outputs on the state's batch axis). ``rows``: each item's :func:`item_rows`, if known."""
+    if rows is None:
+        rows = [item_rows(it, state) for it in items]
     total = sum(rows)
     parts: list[dict[str, Any]] = [{} for _ in items]
     for name, value in outputs.items():
@@ -189,7 +192,7 @@ def split_outputs(
     return parts
 
 
-def _split_state(name: str, arr: np.ndarray, rows: list[int], axis: int, parts: list[dict[str, Any]]) -> None:
+def _split_state(name: str, arr: np.ndarray, rows: Sequence[int], axis: int, parts: list[dict[str, Any]]) -> None:
     total = sum(rows)
     if arr.ndim <= axis or arr.shape[axis] != total:
         got = arr.shape[axis] if arr.ndim > axis else None
@@ -197,9 +200,8 @@ def _split_state(name: str, arr: np.ndarray, rows: list[int], axis: int, parts: 
             f"state output {name!r} {list(arr.shape)} has {got} rows on batch_axis {axis} for a batch of {total}; "
             "the model must keep the batch on the declared state batch_axis"
         )
+    lead = (slice(None),) * axis
     r = 0
     for part, n in zip(parts, rows, strict=True):
-        index = [slice(None)] * arr.ndim
-        index[axis] = slice(r, r + n)
-        part[name] = np.ascontiguousarray(arr[tuple(index)])
+        part[name] = arr[(*lead, slice(r, r + n))].copy()  # a copy: a stream's state must not hold the batch's
         r += n

@@ -10,8 +10,13 @@ import numpy as np
 __all__ = ["InferResult", "to_jsonable"]
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def to_jsonable(value: Any) -> Any:
     """Arrays become (nested) lists, numpy scalars Python numbers; dicts and lists recurse."""
+    if type(value) in _PLAIN:  # exact types: numpy's float64 (a float subclass) is not plain
+        return value
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):

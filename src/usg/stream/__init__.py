@@ -9,6 +9,6 @@ Stateful models (``state:`` on a model) keep their state per session; see :mod:`
 """
 
 from usg.stream.limits import SessionLimits
-from usg.stream.session import Chunk, Session, SessionManager, error_event
+from usg.stream.session import Chunk, EventQueue, Session, SessionManager, error_event
 
-__all__ = ["Chunk", "Session", "SessionLimits", "SessionManager", "error_event"]
+__all__ = ["Chunk", "EventQueue", "Session", "SessionLimits", "SessionManager", "error_event"]

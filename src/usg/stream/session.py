@@ -18,12 +18,18 @@ calls, while each stream sees its own state. Per chunk it emits:
 got chunks, with no samples and ``flush`` set: remainders are padded out, open segments end),
 then emits ``closed``. Limits and backpressure: :class:`~usg.stream.limits.SessionLimits`.
 An idle session holds no task: a chunk starts one, which ends when the session's queue is empty.
+
+A chunk of samples for a mono audio input is checked when it is sent (:func:`check_audio_chunk`:
+what decoding would check of it) and runs through :meth:`usg.runtime.Executor.run_chunk`, the
+executor's lean run of a stream's chunk (:mod:`usg.runtime.chunks`); other chunks (encoded audio,
+images, text) run through :meth:`~usg.runtime.Executor.infer`. Both give the same events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -37,10 +43,10 @@ from usg.ops.audio import all_finite
 from usg.runtime import Executor
 from usg.runtime.result import to_jsonable
 from usg.runtime.streams import StreamState
-from usg.specs import Modality
+from usg.specs import AudioSpec, Modality
 from usg.stream.limits import SessionLimits
 
-__all__ = ["Chunk", "Session", "SessionManager", "error_event"]
+__all__ = ["Chunk", "EventQueue", "Session", "SessionManager", "check_audio_chunk", "error_event"]
 
 _ids = itertools.count(1)
 log = logging.getLogger("usg.stream")
@@ -78,6 +84,78 @@ def error_event(exc: USGError, **extra: Any) -> dict[str, Any]:
     }
 
 
+class EventQueue:
+    """A session's events not read yet: a bounded FIFO with asyncio.Queue's ``put`` / ``get``
+    (and its handling of a cancelled waiter), without the task accounting a session does not use;
+    its waiter lists are made when first needed, so an idle session holds one deque."""
+
+    __slots__ = ("_getters", "_items", "_putters", "maxsize")
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.maxsize = maxsize  # <= 0: unbounded
+        self._items: collections.deque[dict[str, Any]] = collections.deque()
+        self._getters: collections.deque[asyncio.Future[None]] | None = None
+        self._putters: collections.deque[asyncio.Future[None]] | None = None
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return 0 < self.maxsize <= len(self._items)
+
+    def put_nowait(self, item: dict[str, Any]) -> None:
+        if self.full():
+            raise asyncio.QueueFull
+        self._items.append(item)
+        if self._getters:
+            _wake_next(self._getters)
+
+    def get_nowait(self) -> dict[str, Any]:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        item = self._items.popleft()
+        if self._putters:
+            _wake_next(self._putters)
+        return item
+
+    async def put(self, item: dict[str, Any]) -> None:
+        while self.full():
+            if self._putters is None:
+                self._putters = collections.deque()
+            await _wait(self._putters, lambda: not self.full())
+        self.put_nowait(item)
+
+    async def get(self) -> dict[str, Any]:
+        while not self._items:
+            if self._getters is None:
+                self._getters = collections.deque()
+            await _wait(self._getters, lambda: bool(self._items))
+        return self.get_nowait()
+
+
+async def _wait(waiters: collections.deque[asyncio.Future[None]], ready: Any) -> None:
+    """Wait in line; a waiter cancelled after it was woken passes the turn on (as asyncio.Queue)."""
+    waiter = asyncio.get_running_loop().create_future()
+    waiters.append(waiter)
+    try:
+        await waiter
+    except BaseException:
+        waiter.cancel()
+        with contextlib.suppress(ValueError):  # a put or get may have taken it off the line already
+            waiters.remove(waiter)
+        if ready() and not waiter.cancelled():
+            _wake_next(waiters)
+        raise
+
+
+def _wake_next(waiters: collections.deque[asyncio.Future[None]]) -> None:
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            return
+
+
 class Session:
     """One stream of chunks; created by :meth:`SessionManager.open`."""
 
@@ -102,7 +180,7 @@ class Session:
         self._manager = manager
         self.state = StreamState(flush=False, sequential=True)
         self._pending: collections.deque[Chunk] = collections.deque()
-        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(manager.limits.max_pending_events)
+        self._events = EventQueue(manager.limits.max_pending_events)
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
         self._tokens = float(manager.limits.burst)
@@ -173,7 +251,7 @@ class Session:
                 why="stream_backlog",
             )
         if d.modality is Modality.AUDIO:
-            value = _audio_chunk(name, value)
+            value = check_audio_chunk(name, value)
             self._used.add(name)
         self._tokens -= 1.0
         self.last_active = now
@@ -199,15 +277,22 @@ class Session:
         ``coalesce_chunks``): one run instead of several, the same samples in the same order, so
         a session that fell behind catches up instead of paying the per-run cost per chunk."""
         chunk = self._pending.popleft()
+        if not self._pending or chunk.flush:
+            return chunk
         limit = self._manager.limits.coalesce_chunks
         audio = chunk.input in self._used and isinstance(chunk.value, np.ndarray)  # decoded audio only
-        if chunk.flush or limit <= 1 or not audio or not self._pending:
+        if limit <= 1 or not audio:
             return chunk
         parts = [chunk.value]
         last = chunk
+        spec = self._manager.audio_specs[chunk.input]
+        samples = chunk.value.shape[0]
         while self._pending and len(parts) < limit:
             nxt = self._pending[0]
             if nxt.flush or nxt.input != chunk.input or not isinstance(nxt.value, np.ndarray):
+                break
+            samples += nxt.value.shape[0]
+            if samples / spec.sample_rate > spec.max_seconds:  # joined they would be too long; alone they are not
                 break
             parts.append(self._pending.popleft().value)
             last = nxt
@@ -220,10 +305,14 @@ class Session:
         meta: dict[str, Any] = {"seq": chunk.seq, "input": chunk.input, "ts_ms": chunk.ts_ms}
         if chunk.first_seq is not None:
             meta["first_seq"] = chunk.first_seq
+        manager = self._manager
+        executor = manager.executor
+        rid = f"{self.id}:{chunk.seq}"
         try:
-            result = await self._manager.executor.infer(
-                {chunk.input: chunk.value}, stream=self.state, request_id=f"{self.id}:{chunk.seq}"
-            )
+            if chunk.flush or manager.checked(chunk.input, chunk.value):  # the executor's lean chunk run
+                result = await executor.run_chunk({chunk.input: chunk.value}, self.state, rid)
+            else:
+                result = await executor.infer({chunk.input: chunk.value}, stream=self.state, request_id=rid)
         except USGError as exc:
             await self._emit(error_event(exc, **meta))
             return
@@ -232,20 +321,35 @@ class Session:
             await self._emit(error_event(BackendError(f"internal error ({type(exc).__name__})"), **meta))
             return
         outputs = result.outputs
-        events_out = self._manager.event_outputs
+        events_out = manager.event_outputs
         for name in events_out:
             for item in outputs.get(name) or ():
-                await self._emit({**to_jsonable(item), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)})
+                event = {**to_jsonable(item), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)}
+                if not self._offer(event):
+                    await self._emit(event)
         rest = {k: v for k, v in outputs.items() if k not in events_out and not _empty(v)}
         if rest:
-            await self._emit({"type": "result", **meta, "outputs": to_jsonable(rest)})
+            event = {"type": "result", **meta, "outputs": to_jsonable(rest)}
+            if not self._offer(event):
+                await self._emit(event)
+
+    def _offer(self, event: dict[str, Any]) -> bool:
+        """Queue an event if there is room (False: :meth:`_emit` waits for it)."""
+        events = self._events
+        if self._full_since is not None or events.full():
+            return False
+        events.put_nowait(event)
+        return True
 
     async def _emit(self, event: dict[str, Any]) -> None:
         """Queue an event; when the queue is full, wait (the session stops running chunks)."""
-        if self._events.full():
+        events = self._events
+        if not events.full():
+            events.put_nowait(event)
+        else:
             self._full_since = self._full_since or time.monotonic()
-        await self._events.put(event)
-        if not self._events.full():
+            await events.put(event)
+        if self._full_since is not None and not events.full():
             self._full_since = None
 
     def reader_stalled(self, now: float) -> bool:
@@ -255,11 +359,14 @@ class Session:
     # -- receiving ---------------------------------------------------------------------------
     async def next_event(self, timeout_s: float | None = None) -> dict[str, Any]:
         """The next event (waits up to ``timeout_s``; TimeoutError past it)."""
-        if timeout_s is None:
-            event = await self._events.get()
+        events = self._events
+        if events.qsize():
+            event = events.get_nowait()
+        elif timeout_s is None:
+            event = await events.get()
         else:
-            event = await asyncio.wait_for(self._events.get(), timeout_s)
-        if not self._events.full():
+            event = await asyncio.wait_for(events.get(), timeout_s)
+        if self._full_since is not None and not events.full():
             self._full_since = None
         return event
 
@@ -294,8 +401,11 @@ class Session:
         self._manager.forget(self)
 
 
-def _audio_chunk(name: str, value: Any) -> Any:
-    """An audio chunk checked when it is sent (so a bad one never joins its neighbours' run)."""
+def check_audio_chunk(name: str, value: Any) -> Any:
+    """An audio chunk checked when it is sent (so a bad one never joins its neighbours' run): mono
+    float32 samples, finite, contiguous — the checks decoding would make of it, so a chunk of an
+    input with ``channels: 1`` runs without them (:meth:`usg.runtime.Executor.run_chunk`); its
+    length against ``max_seconds`` is the run's (:attr:`SessionManager.max_samples`)."""
     if not isinstance(value, np.ndarray):
         return value  # encoded audio: decoded (and checked) by the run
     if value.ndim != 1 or value.dtype != np.float32 or value.shape[0] == 0:
@@ -306,7 +416,7 @@ def _audio_chunk(name: str, value: Any) -> Any:
         )
     if not all_finite(value):
         raise InputError(f"{name}: audio chunk has NaN or infinite samples", field=name, fix="send finite samples")
-    return value
+    return np.ascontiguousarray(value)
 
 
 def _empty(value: Any) -> bool:
@@ -339,6 +449,10 @@ class SessionManager:
         self.executor = executor
         self.limits = limits or SessionLimits()
         self.event_outputs = event_outputs
+        #: the audio inputs' specs (rate, channels, max_seconds), as decoding applies them
+        self.audio_specs = {
+            n: d.audio or AudioSpec() for n, d in executor.graph.inputs.items() if d.modality is Modality.AUDIO
+        }
         self.sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -357,6 +471,17 @@ class SessionManager:
         session = Session(self, sid)
         self.sessions[sid] = session
         return session
+
+    def checked(self, name: str, value: Any) -> bool:
+        """Whether a chunk needs no more checks to run: samples of a mono audio input, checked when
+        sent (:func:`check_audio_chunk`), within the input's ``max_seconds``."""
+        spec = self.audio_specs.get(name)
+        return (
+            spec is not None
+            and spec.channels == 1
+            and isinstance(value, np.ndarray)
+            and value.shape[0] / spec.sample_rate <= spec.max_seconds
+        )
 
     def forget(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
