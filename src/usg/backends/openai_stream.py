@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from usg.errors import BackendError
 from usg.records import EngineCall
 
-__all__ = ["MAX_LINE_BYTES", "CallRecorder", "read_chat_stream", "sse_data", "stream_cut"]
+__all__ = ["MAX_LINE_BYTES", "CallRecorder", "SSEDecoder", "read_chat_stream", "stream_cut"]
 
 #: longest SSE line accepted from an engine (one chunk is a few hundred bytes)
 MAX_LINE_BYTES = 1 << 20
@@ -88,47 +88,59 @@ class CallRecorder:
         )
 
 
-async def _lines(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[bytes]:
-    """Lines of a byte stream (``\\n`` or ``\\r\\n``), each at most :data:`MAX_LINE_BYTES`; a last
-    line without its newline is yielded too (the caller sees the event it opens as unfinished)."""
-    buf = b""
-    async for chunk in chunks:
-        buf += chunk
-        while True:
-            cut = buf.find(b"\n")
-            if cut < 0:
-                break
-            line, buf = buf[:cut], buf[cut + 1 :]
-            yield line.removesuffix(b"\r")
-        if len(buf) > MAX_LINE_BYTES:
-            raise _bad_stream(f"{where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream")
-    if buf:
-        yield buf
+class SSEDecoder:
+    """Server-Sent Events from a byte stream fed piece by piece: :meth:`feed` returns the ``data``
+    of each event it completed (lines joined with newlines), :meth:`end` checks what is left at
+    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`;
+    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a
+    malformed stream (a :class:`BackendError` with HTTP 502)."""
 
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._rest = b""
+        self._data: list[str] = []
 
-async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncGenerator[str, None]:
-    """The ``data`` of each complete SSE event (lines joined with newlines); comments, ``event:``,
-    ``id:`` and ``retry:`` fields are skipped; any other line is a malformed stream."""
-    data: list[str] = []
-    async for raw in _lines(chunks, where):
+    def feed(self, chunk: bytes) -> list[str]:
+        buf = self._rest + chunk if self._rest else chunk
+        lines = buf.split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > MAX_LINE_BYTES:
+            raise _bad_stream(
+                f"{self.where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream"
+            )
+        out: list[str] = []
+        for raw in lines:
+            self._line(raw, out)
+        return out
+
+    def end(self) -> None:
+        """The stream ended: a last line without its newline still counts, and an event left
+        open means the stream was cut in the middle of it."""
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            self._line(rest, [])
+        if self._data:
+            raise stream_cut(self.where, "in the middle of an event")
+
+    def _line(self, raw: bytes, out: list[str]) -> None:
         line = raw.decode("utf-8", errors="replace")
+        if line.endswith("\r"):
+            line = line[:-1]
         if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
+            if self._data:
+                out.append("\n".join(self._data))
+                self._data = []
+            return
         field, sep, value = line.partition(":")
         if field == "":
-            continue  # a comment (keep-alive)
+            return  # a comment (keep-alive)
         if field == "data":
-            data.append(value.removeprefix(" "))
+            self._data.append(value[1:] if value.startswith(" ") else value)
         elif field not in ("event", "id", "retry") or not sep:
             raise _bad_stream(
-                f"{where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
+                f"{self.where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
                 "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
             )
-    if data:
-        raise stream_cut(where, "in the middle of an event")
 
 
 def _bad_stream(message: str) -> BackendError:
@@ -175,36 +187,46 @@ async def read_chat_stream(
     """The whole answer of a streamed chat completion; ``on_token`` gets each content delta as it
     arrives. Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
     parts: list[str] = []
+    decoder = SSEDecoder(where)
     done = False
-    async with contextlib.aclosing(sse_data(chunks, where)) as events:
-        async for data in events:
-            if data.strip() == "[DONE]":
+    async for chunk in chunks:
+        for data in decoder.feed(chunk):
+            if data == "[DONE]" or data.strip() == "[DONE]":
                 done = True
                 break
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                raise _malformed(where, data, "not JSON") from None
-            if not isinstance(doc, dict):
-                raise _malformed(where, data, "not a JSON object")
-            if "error" in doc:
-                err = doc["error"]
-                message = err.get("message", err) if isinstance(err, dict) else err
-                raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
-                raised.status = 502
-                raise raised
-            call.chunk(doc)
-            text = _delta_text(doc, where, data)
+            text = _chunk_text(data, call, where)
             if text:
                 call.token()
                 parts.append(text)
                 if on_token is not None:
                     on_token(text)
-    if not done and call.finish_reason is None:
-        raise stream_cut(where, f"after {call.deltas} token deltas")
+        if done:
+            break
     if done:
         await drain(chunks)
+    else:
+        decoder.end()
+        if call.finish_reason is None:
+            raise stream_cut(where, f"after {call.deltas} token deltas")
     return "".join(parts)
+
+
+def _chunk_text(data: str, call: CallRecorder, where: str) -> str:
+    """The content delta of one ``data:`` (usage, finish reason and id noted on ``call``)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise _malformed(where, data, "not JSON") from None
+    if not isinstance(doc, dict):
+        raise _malformed(where, data, "not a JSON object")
+    if "error" in doc:
+        err = doc["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
+        raised.status = 502
+        raise raised
+    call.chunk(doc)
+    return _delta_text(doc, where, data)
 
 
 async def drain(chunks: AsyncIterator[bytes], timeout_s: float = 1.0) -> None:

@@ -124,6 +124,7 @@ def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_lev
         log_level=log_level,
         lifespan="on",
         http=_protocol_class(cfg.header_timeout_s),
+        access_log=False,  # usg.access logs each inference request (with its request id and digests)
         timeout_keep_alive=max(1, round(cfg.keepalive_timeout_s)),
         timeout_graceful_shutdown=int((cfg.timeout_s or 60.0) + 10),
     )
