@@ -25,7 +25,7 @@ import json
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 __all__ = [
@@ -75,11 +75,14 @@ def _parser_module() -> Any:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection; parses one response at a time."""
+    """One keep-alive connection; parses one response at a time. Its body is buffered for the
+    reader (:meth:`EngineResponse.aiter_bytes`) or handed to a sink as it is parsed
+    (:meth:`EngineResponse.consume`, no task wake-up per piece)."""
 
     def __init__(self, httptools: Any) -> None:
         self._httptools = httptools
         self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
         self.lost = False
         self.idle_since = 0.0
         self._reset()
@@ -93,9 +96,13 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.error: EngineTransportError | None = None
         self.received = 0  # response bytes so far (0: a reused connection the engine had closed)
+        self.last_data = 0.0  # loop.time() of the last bytes
         self.body: list[bytes] = []
         self.buffered = 0
         self.paused = False
+        self.sink: Callable[[bytes], bool] | None = None
+        self.sink_done = False  # the sink wants no more (the rest is read and dropped)
+        self.sink_error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------
@@ -104,13 +111,15 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
+        self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
         except self._httptools.HttpParserError as exc:
-            self.error = EngineTransportError(f"the engine's response is not valid HTTP/1.1 ({exc})")
-            if self.transport is not None:
-                self.transport.close()
-        self._wake()
+            if self.sink_error is None:
+                self.error = EngineTransportError(f"the engine's response is not valid HTTP/1.1 ({exc})")
+            self.close()
+        if self.sink is None or self.complete or self.error is not None or self.sink_done:
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -135,6 +144,17 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            if self.sink_done or self.sink_error is not None:
+                return
+            try:
+                self.sink_done = sink(body)
+            except BaseException as exc:  # re-raised in the reading task; the connection is dropped
+                self.sink_error = exc
+                self.error = EngineTransportError("the response was abandoned")
+                self.close()
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -151,11 +171,12 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, timeout_s: float) -> None:
-        """Until more arrives, the response ends or fails; :class:`EngineTimeout` after ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, waiter)
+    async def wait(self, timeout_s: float, *, idle: bool = True) -> None:
+        """Until the connection wakes the reader (bytes, the end, a failure); :class:`EngineTimeout`
+        when no bytes came for ``timeout_s`` (``idle``), or after ``timeout_s`` (not ``idle``)."""
+        self.waiter = waiter = self.loop.create_future()
+        since = self.loop.time()
+        timer = _Timer(self, waiter, timeout_s, since, idle)
         try:
             await waiter
         finally:
@@ -179,14 +200,32 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(EngineTimeout("timed out"))
+class _Timer:
+    """Fails ``waiter`` with :class:`EngineTimeout` once the connection was silent for
+    ``timeout_s`` (``idle``: bytes handed to a sink meanwhile push the deadline back)."""
+
+    def __init__(self, conn: _Connection, waiter: asyncio.Future[None], timeout_s: float, since: float, idle: bool):
+        self.conn, self.waiter, self.timeout_s, self.since, self.idle = conn, waiter, timeout_s, since, idle
+        self.handle = conn.loop.call_at(since + timeout_s, self._fire)
+
+    def _fire(self) -> None:
+        if self.waiter.done():
+            return
+        if self.idle:
+            due = max(self.since, self.conn.last_data) + self.timeout_s
+            if due > self.conn.loop.time():
+                self.handle = self.conn.loop.call_at(due, self._fire)
+                return
+        self.waiter.set_exception(EngineTimeout("timed out"))
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class EngineResponse:
-    """One response: ``status_code``, ``headers`` (lower-case names), the body as it arrives
-    (:meth:`aiter_bytes`) or whole (:meth:`aread`, then :meth:`json` / :attr:`text`)."""
+    """One response: ``status_code``, ``headers`` (lower-case names), and the body as it arrives
+    (:meth:`aiter_bytes`), to a sink as it is parsed (:meth:`consume`) or whole (:meth:`aread`,
+    then :meth:`json` / :attr:`text`)."""
 
     def __init__(self, conn: _Connection, timeout_s: float) -> None:
         self._conn = conn
@@ -206,10 +245,45 @@ class EngineResponse:
                 return
             if conn.error is not None:
                 raise conn.error
-            try:
-                await conn.wait(self._timeout_s)
-            except EngineTimeout:
-                raise EngineTimeout(f"no bytes for {self._timeout_s:g} s") from None
+            await self._wait()
+
+    async def _wait(self) -> None:
+        try:
+            await self._conn.wait(self._timeout_s)
+        except EngineTimeout:
+            raise EngineTimeout(f"no bytes for {self._timeout_s:g} s") from None
+
+    async def consume(self, sink: Callable[[bytes], bool], *, after_done_s: float = 1.0) -> None:
+        """Hand each piece of the body to ``sink`` as the connection parses it (in the event
+        loop's I/O callback: ``sink`` must be quick and must not block); ``sink`` returns True
+        when it wants no more, and the rest of the body is then read (and dropped) for at most
+        ``after_done_s``, so the connection can be reused. ``sink``'s exception is raised here."""
+        conn = self._conn
+        for piece in conn.take():
+            if conn.sink_done:
+                break
+            conn.sink_done = sink(piece)
+        conn.sink = sink
+        deadline: float | None = None
+        while True:
+            if conn.sink_error is not None:
+                raise conn.sink_error
+            if conn.complete:
+                return
+            if conn.error is not None:
+                raise conn.error
+            if conn.sink_done:
+                if deadline is None:
+                    deadline = conn.loop.time() + after_done_s
+                left = deadline - conn.loop.time()
+                if left <= 0:
+                    return  # the engine keeps the response open: the connection is closed, not reused
+                try:
+                    await conn.wait(left, idle=False)
+                except EngineTimeout:
+                    return
+                continue
+            await self._wait()
 
     async def aread(self) -> bytes:
         self.content = b"".join([piece async for piece in self.aiter_bytes()])

@@ -32,9 +32,15 @@ from typing import Any
 
 from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
-from usg.backends.engine_http import EngineClient, EngineTimeout, EngineTransportError, lean_client_applies
+from usg.backends.engine_http import (
+    EngineClient,
+    EngineResponse,
+    EngineTimeout,
+    EngineTransportError,
+    lean_client_applies,
+)
 from usg.backends.llm_budget import PromptBudget, count_prompt_tokens
-from usg.backends.openai_stream import CallRecorder, read_chat_stream, stream_cut
+from usg.backends.openai_stream import CallRecorder, ChatStreamReader, read_chat_stream, stream_cut
 from usg.errors import (
     BackendError,
     GraphError,
@@ -352,6 +358,10 @@ class OpenAIBackend(Backend):
                     if on_token is not None and text:
                         on_token(text)
                     return text
+                if isinstance(resp, EngineResponse):  # parsed as it arrives, no task wake-up per chunk
+                    reader = ChatStreamReader(call, where)
+                    await resp.consume(reader.sink(on_token))
+                    return reader.finish()
                 return await read_chat_stream(resp.aiter_bytes(), call, on_token, where)
         except _timeouts():
             raise RequestTimeout(

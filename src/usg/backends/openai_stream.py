@@ -21,7 +21,7 @@ from typing import Any
 from usg.errors import BackendError
 from usg.records import EngineCall
 
-__all__ = ["MAX_LINE_BYTES", "CallRecorder", "SSEDecoder", "read_chat_stream", "stream_cut"]
+__all__ = ["MAX_LINE_BYTES", "CallRecorder", "ChatStreamReader", "SSEDecoder", "read_chat_stream", "stream_cut"]
 
 #: longest SSE line accepted from an engine (one chunk is a few hundred bytes)
 MAX_LINE_BYTES = 1 << 20
@@ -181,34 +181,68 @@ def _delta_text(doc: dict[str, Any], where: str, data: str) -> str:
     return content if isinstance(content, str) else ""
 
 
+class ChatStreamReader:
+    """The answer of a streamed chat completion, fed the body piece by piece: :meth:`feed`
+    returns the content deltas a piece completed (and notes them on ``call``), :attr:`done`
+    turns true at ``data: [DONE]``, :meth:`finish` checks the end and returns the whole answer.
+    Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
+
+    def __init__(self, call: CallRecorder, where: str) -> None:
+        self.call, self.where = call, where
+        self.done = False
+        self._decoder = SSEDecoder(where)
+        self._parts: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        new: list[str] = []
+        if self.done:
+            return new
+        for data in self._decoder.feed(chunk):
+            if data == "[DONE]" or data.strip() == "[DONE]":
+                self.done = True
+                break
+            text = _chunk_text(data, self.call, self.where)
+            if text:
+                self.call.token()
+                self._parts.append(text)
+                new.append(text)
+        return new
+
+    def finish(self) -> str:
+        """The answer, once the stream ended (or said ``[DONE]``)."""
+        if not self.done:
+            self._decoder.end()
+            if self.call.finish_reason is None:
+                raise stream_cut(self.where, f"after {self.call.deltas} token deltas")
+        return "".join(self._parts)
+
+    def sink(self, on_token: Callable[[str], None] | None) -> Callable[[bytes], bool]:
+        """:meth:`feed` as a sink for :meth:`usg.backends.engine_http.EngineResponse.consume`:
+        forwards each delta to ``on_token``, returns True at ``[DONE]``."""
+
+        def take(chunk: bytes) -> bool:
+            texts = self.feed(chunk)
+            if on_token is not None:
+                for text in texts:
+                    on_token(text)
+            return self.done
+
+        return take
+
+
 async def read_chat_stream(
     chunks: AsyncIterator[bytes], call: CallRecorder, on_token: Callable[[str], None] | None, where: str
 ) -> str:
-    """The whole answer of a streamed chat completion; ``on_token`` gets each content delta as it
-    arrives. Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
-    parts: list[str] = []
-    decoder = SSEDecoder(where)
-    done = False
+    """The whole answer of a streamed chat completion read from ``chunks``; ``on_token`` gets
+    each content delta as it arrives (see :class:`ChatStreamReader`)."""
+    reader = ChatStreamReader(call, where)
+    take = reader.sink(on_token)
     async for chunk in chunks:
-        for data in decoder.feed(chunk):
-            if data == "[DONE]" or data.strip() == "[DONE]":
-                done = True
-                break
-            text = _chunk_text(data, call, where)
-            if text:
-                call.token()
-                parts.append(text)
-                if on_token is not None:
-                    on_token(text)
-        if done:
+        if take(chunk):
             break
-    if done:
+    if reader.done:
         await drain(chunks)
-    else:
-        decoder.end()
-        if call.finish_reason is None:
-            raise stream_cut(where, f"after {call.deltas} token deltas")
-    return "".join(parts)
+    return reader.finish()
 
 
 def _chunk_text(data: str, call: CallRecorder, where: str) -> str:

@@ -216,6 +216,8 @@ class ServeContext:
             self.metrics.http_request(endpoint, status)
             rid = getattr(request.state, "request_id", "-")
             integrity = self._integrity.pop(rid, None) or {}
+            if not access_log.isEnabledFor(logging.INFO):
+                return
             t0 = getattr(request.state, "started", None)
             access_log.info(
                 "%s %s %d %s rid=%s%s",
