@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import json.scanner
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 from usg.errors import BackendError
 from usg.records import EngineCall
@@ -110,7 +111,12 @@ class SSEDecoder:
             )
         out: list[str] = []
         for raw in lines:
-            self._line(raw, out)
+            if raw.startswith(b"data: ") and not raw.endswith(b"\r"):  # the usual line, quickly
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+            elif not raw and len(self._data) == 1:  # the usual end of an event
+                out.append(self._data.pop())
+            else:
+                self._line(raw, out)
         return out
 
     def end(self) -> None:
@@ -245,10 +251,25 @@ async def read_chat_stream(
     return reader.finish()
 
 
+#: json.loads without its whitespace checks (typeshed types make_scanner's argument as itself)
+_scan_json: Any = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
+
+
+def _json(data: str) -> Any:
+    """``json.loads(data)``, quicker for the usual chunk (no whitespace around the value)."""
+    try:
+        doc, end = _scan_json(data, 0)
+        if end == len(data):
+            return doc
+    except (StopIteration, ValueError):
+        pass
+    return json.loads(data)  # whitespace around the value, or the error to raise
+
+
 def _chunk_text(data: str, call: CallRecorder, where: str) -> str:
     """The content delta of one ``data:`` (usage, finish reason and id noted on ``call``)."""
     try:
-        doc = json.loads(data)
+        doc = _json(data)
     except ValueError:
         raise _malformed(where, data, "not JSON") from None
     if not isinstance(doc, dict):
