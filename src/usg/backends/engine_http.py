@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import time
 import urllib.parse
@@ -52,10 +53,11 @@ class EngineTimeout(EngineTransportError):
 
 
 def lean_client_applies(url: str) -> bool:
-    """Whether :class:`EngineClient` can talk to ``url``: plain http and no proxy for it in the
-    environment (``HTTP_PROXY`` / ``ALL_PROXY``, minus ``NO_PROXY``), as httpx would use one."""
+    """Whether :class:`EngineClient` can talk to ``url``: plain http, no proxy for it in the
+    environment (``HTTP_PROXY`` / ``ALL_PROXY``, minus ``NO_PROXY``, as httpx would use one), and
+    httptools installed (``usg[llm]``)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
+    if parts.scheme != "http" or not parts.hostname or importlib.util.find_spec("httptools") is None:
         return False
     proxies = urllib.request.getproxies_environment()
     if not (proxies.get("http") or proxies.get("all")):
