@@ -377,3 +377,16 @@ def test_a_text_only_prompt_is_built_on_the_event_loop(tmp_path: Path) -> None:
         assert ex.infer_sync({"question": "q"}).outputs == {"answer": "echo: q"}
     assert len(threads) == 1 and not threads[0].startswith("usg-worker")
     assert sig.inline({"question": "q"}) and not sig.inline({"image": object()})
+
+
+def test_an_engine_behind_an_http_proxy_is_reached_through_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With HTTP_PROXY set for the engine's URL, requests go through the proxy (httpx), as before
+    USG had its own client: here the "proxy" is the engine itself, and the engine's host does not
+    resolve, so only a proxied request can be answered."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with RunningEngine(StreamingFakeEngine()) as engine:
+        monkeypatch.setenv("HTTP_PROXY", engine.url)
+        with Executor(load_graph(_graph(tmp_path, "http://engine.invalid:9"))) as ex:
+            assert ex.infer_sync({"question": "two plus two"}).outputs == {"answer": "echo: two plus two"}
+    assert engine.completed == 1

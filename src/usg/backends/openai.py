@@ -32,8 +32,15 @@ from typing import Any
 
 from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
+from usg.backends.engine_http import (
+    EngineClient,
+    EngineResponse,
+    EngineTimeout,
+    EngineTransportError,
+    lean_client_applies,
+)
 from usg.backends.llm_budget import PromptBudget, count_prompt_tokens
-from usg.backends.openai_stream import CallRecorder, read_chat_stream, stream_cut
+from usg.backends.openai_stream import CallRecorder, ChatStreamReader, read_chat_stream, stream_cut
 from usg.errors import (
     BackendError,
     GraphError,
@@ -62,6 +69,14 @@ def _httpx() -> Any:
 
         raise MissingDependency("httpx", "llm", "backend: openai") from None
     return httpx
+
+
+def _timeouts() -> tuple[type[Exception], ...]:
+    return (_httpx().TimeoutException, EngineTimeout)
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    return (_httpx().TransportError, EngineTransportError)
 
 
 def _retry_after(headers: Mapping[str, str], attempt: int) -> float:
@@ -219,9 +234,12 @@ class OpenAIBackend(Backend):
     def _async_client(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            httpx = _httpx()
-            limits = httpx.Limits(max_connections=self.max_inflight, max_keepalive_connections=self.max_inflight)
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
+            if lean_client_applies(self.url):  # plain http, no proxy: USG's own client (engine_http)
+                self._client = EngineClient(self.url, self.timeout_s, self.max_inflight)
+            else:  # https, or through a proxy: httpx
+                httpx = _httpx()
+                limits = httpx.Limits(max_connections=self.max_inflight, max_keepalive_connections=self.max_inflight)
+                self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
             self._client_loop = loop
             self._sem = asyncio.Semaphore(self.max_inflight)
             self._discovery = asyncio.Lock()
@@ -255,14 +273,13 @@ class OpenAIBackend(Backend):
         ``timing.engine_calls`` each request sent (see :class:`usg.records.EngineCall`)."""
         client = self._async_client()
         messages = openai_api.prompt_value(self.endpoint, inputs.get("messages"), self.name)
-        httpx = _httpx()
         if not self._discovered and (self.model is None or self.max_model_len is None):
             assert self._discovery is not None
             async with self._discovery:  # the first requests ask once, not once each
                 if not self._discovered:
                     try:
                         self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
-                    except httpx.TransportError as exc:
+                    except _transport_errors() as exc:
                         raise self._down(exc) from None
         self.check_budget(messages)
         body = self.request_body(messages)
@@ -324,7 +341,6 @@ class OpenAIBackend(Backend):
         attempt: int,
     ) -> str:
         """One streamed request; raises :class:`_Retry` on a 429/503 that may be retried."""
-        httpx = _httpx()
         path = openai_api.ENDPOINTS[self.endpoint]
         where = f"model {self.name!r}: POST {path} at {self.url}"
         try:
@@ -342,30 +358,33 @@ class OpenAIBackend(Backend):
                     if on_token is not None and text:
                         on_token(text)
                     return text
+                if isinstance(resp, EngineResponse):  # parsed as it arrives, no task wake-up per chunk
+                    reader = ChatStreamReader(call, where)
+                    await resp.consume(reader.sink(on_token))
+                    return reader.finish()
                 return await read_chat_stream(resp.aiter_bytes(), call, on_token, where)
-        except httpx.TimeoutException:
+        except _timeouts():
             raise RequestTimeout(
                 f"model {self.name!r}: the engine at {self.url} sent nothing for {self.timeout_s:g} s; "
                 "fix: raise options.timeout_s, lower max_tokens, or check the engine's load"
             ) from None
-        except httpx.TransportError as exc:
+        except _transport_errors() as exc:
             if call.status:  # it answered, then the connection dropped mid-stream
                 how = f"with the connection dropped after {call.deltas} token deltas ({exc})"
                 raise stream_cut(where, how) from None
             raise self._down(exc) from None
 
     async def _post(self, client: Any, body: dict[str, Any]) -> Any:
-        httpx = _httpx()
         url = f"{self.url}{openai_api.ENDPOINTS[self.endpoint]}"
         for attempt in range(self.retries + 1):
             try:
                 resp = await client.post(url, json=body, headers=self._headers())
-            except httpx.TimeoutException:
+            except _timeouts():
                 raise RequestTimeout(
                     f"model {self.name!r}: the engine at {self.url} did not answer within {self.timeout_s:g} s; "
                     "fix: raise options.timeout_s, lower max_tokens, or check the engine's load"
                 ) from None
-            except httpx.TransportError as exc:
+            except _transport_errors() as exc:
                 raise self._down(exc) from None
             if resp.status_code in _RETRY_STATUS and attempt < self.retries:
                 await asyncio.sleep(_retry_after(resp.headers, attempt))

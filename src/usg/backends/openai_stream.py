@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import json.scanner
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 from usg.errors import BackendError
 from usg.records import EngineCall
 
-__all__ = ["MAX_LINE_BYTES", "CallRecorder", "read_chat_stream", "sse_data", "stream_cut"]
+__all__ = ["MAX_LINE_BYTES", "CallRecorder", "ChatStreamReader", "SSEDecoder", "read_chat_stream", "stream_cut"]
 
 #: longest SSE line accepted from an engine (one chunk is a few hundred bytes)
 MAX_LINE_BYTES = 1 << 20
@@ -88,47 +89,64 @@ class CallRecorder:
         )
 
 
-async def _lines(chunks: AsyncIterator[bytes], where: str) -> AsyncIterator[bytes]:
-    """Lines of a byte stream (``\\n`` or ``\\r\\n``), each at most :data:`MAX_LINE_BYTES`; a last
-    line without its newline is yielded too (the caller sees the event it opens as unfinished)."""
-    buf = b""
-    async for chunk in chunks:
-        buf += chunk
-        while True:
-            cut = buf.find(b"\n")
-            if cut < 0:
-                break
-            line, buf = buf[:cut], buf[cut + 1 :]
-            yield line.removesuffix(b"\r")
-        if len(buf) > MAX_LINE_BYTES:
-            raise _bad_stream(f"{where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream")
-    if buf:
-        yield buf
+class SSEDecoder:
+    """Server-Sent Events from a byte stream fed piece by piece: :meth:`feed` returns the ``data``
+    of each event it completed (lines joined with newlines), :meth:`end` checks what is left at
+    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`;
+    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a
+    malformed stream (a :class:`BackendError` with HTTP 502)."""
 
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._rest = b""
+        self._data: list[str] = []
 
-async def sse_data(chunks: AsyncIterator[bytes], where: str) -> AsyncGenerator[str, None]:
-    """The ``data`` of each complete SSE event (lines joined with newlines); comments, ``event:``,
-    ``id:`` and ``retry:`` fields are skipped; any other line is a malformed stream."""
-    data: list[str] = []
-    async for raw in _lines(chunks, where):
+    def feed(self, chunk: bytes) -> list[str]:
+        buf = self._rest + chunk if self._rest else chunk
+        lines = buf.split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > MAX_LINE_BYTES:
+            raise _bad_stream(
+                f"{self.where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream"
+            )
+        out: list[str] = []
+        for raw in lines:
+            if raw.startswith(b"data: ") and not raw.endswith(b"\r"):  # the usual line, quickly
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+            elif not raw and len(self._data) == 1:  # the usual end of an event
+                out.append(self._data.pop())
+            else:
+                self._line(raw, out)
+        return out
+
+    def end(self) -> None:
+        """The stream ended: a last line without its newline still counts, and an event left
+        open means the stream was cut in the middle of it."""
+        if self._rest:
+            rest, self._rest = self._rest, b""
+            self._line(rest, [])
+        if self._data:
+            raise stream_cut(self.where, "in the middle of an event")
+
+    def _line(self, raw: bytes, out: list[str]) -> None:
         line = raw.decode("utf-8", errors="replace")
+        if line.endswith("\r"):
+            line = line[:-1]
         if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
+            if self._data:
+                out.append("\n".join(self._data))
+                self._data = []
+            return
         field, sep, value = line.partition(":")
         if field == "":
-            continue  # a comment (keep-alive)
+            return  # a comment (keep-alive)
         if field == "data":
-            data.append(value.removeprefix(" "))
+            self._data.append(value[1:] if value.startswith(" ") else value)
         elif field not in ("event", "id", "retry") or not sep:
             raise _bad_stream(
-                f"{where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
+                f"{self.where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
                 "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
             )
-    if data:
-        raise stream_cut(where, "in the middle of an event")
 
 
 def _bad_stream(message: str) -> BackendError:
@@ -169,42 +187,101 @@ def _delta_text(doc: dict[str, Any], where: str, data: str) -> str:
     return content if isinstance(content, str) else ""
 
 
+class ChatStreamReader:
+    """The answer of a streamed chat completion, fed the body piece by piece: :meth:`feed`
+    returns the content deltas a piece completed (and notes them on ``call``), :attr:`done`
+    turns true at ``data: [DONE]``, :meth:`finish` checks the end and returns the whole answer.
+    Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
+
+    def __init__(self, call: CallRecorder, where: str) -> None:
+        self.call, self.where = call, where
+        self.done = False
+        self._decoder = SSEDecoder(where)
+        self._parts: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        new: list[str] = []
+        if self.done:
+            return new
+        for data in self._decoder.feed(chunk):
+            if data == "[DONE]" or data.strip() == "[DONE]":
+                self.done = True
+                break
+            text = _chunk_text(data, self.call, self.where)
+            if text:
+                self.call.token()
+                self._parts.append(text)
+                new.append(text)
+        return new
+
+    def finish(self) -> str:
+        """The answer, once the stream ended (or said ``[DONE]``)."""
+        if not self.done:
+            self._decoder.end()
+            if self.call.finish_reason is None:
+                raise stream_cut(self.where, f"after {self.call.deltas} token deltas")
+        return "".join(self._parts)
+
+    def sink(self, on_token: Callable[[str], None] | None) -> Callable[[bytes], bool]:
+        """:meth:`feed` as a sink for :meth:`usg.backends.engine_http.EngineResponse.consume`:
+        forwards each delta to ``on_token``, returns True at ``[DONE]``."""
+
+        def take(chunk: bytes) -> bool:
+            texts = self.feed(chunk)
+            if on_token is not None:
+                for text in texts:
+                    on_token(text)
+            return self.done
+
+        return take
+
+
 async def read_chat_stream(
     chunks: AsyncIterator[bytes], call: CallRecorder, on_token: Callable[[str], None] | None, where: str
 ) -> str:
-    """The whole answer of a streamed chat completion; ``on_token`` gets each content delta as it
-    arrives. Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
-    parts: list[str] = []
-    done = False
-    async with contextlib.aclosing(sse_data(chunks, where)) as events:
-        async for data in events:
-            if data.strip() == "[DONE]":
-                done = True
-                break
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                raise _malformed(where, data, "not JSON") from None
-            if not isinstance(doc, dict):
-                raise _malformed(where, data, "not a JSON object")
-            if "error" in doc:
-                err = doc["error"]
-                message = err.get("message", err) if isinstance(err, dict) else err
-                raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
-                raised.status = 502
-                raise raised
-            call.chunk(doc)
-            text = _delta_text(doc, where, data)
-            if text:
-                call.token()
-                parts.append(text)
-                if on_token is not None:
-                    on_token(text)
-    if not done and call.finish_reason is None:
-        raise stream_cut(where, f"after {call.deltas} token deltas")
-    if done:
+    """The whole answer of a streamed chat completion read from ``chunks``; ``on_token`` gets
+    each content delta as it arrives (see :class:`ChatStreamReader`)."""
+    reader = ChatStreamReader(call, where)
+    take = reader.sink(on_token)
+    async for chunk in chunks:
+        if take(chunk):
+            break
+    if reader.done:
         await drain(chunks)
-    return "".join(parts)
+    return reader.finish()
+
+
+#: json.loads without its whitespace checks (typeshed types make_scanner's argument as itself)
+_scan_json: Any = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
+
+
+def _json(data: str) -> Any:
+    """``json.loads(data)``, quicker for the usual chunk (no whitespace around the value)."""
+    try:
+        doc, end = _scan_json(data, 0)
+        if end == len(data):
+            return doc
+    except (StopIteration, ValueError):
+        pass
+    return json.loads(data)  # whitespace around the value, or the error to raise
+
+
+def _chunk_text(data: str, call: CallRecorder, where: str) -> str:
+    """The content delta of one ``data:`` (usage, finish reason and id noted on ``call``)."""
+    try:
+        doc = _json(data)
+    except ValueError:
+        raise _malformed(where, data, "not JSON") from None
+    if not isinstance(doc, dict):
+        raise _malformed(where, data, "not a JSON object")
+    if "error" in doc:
+        err = doc["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raised = BackendError(f"{where}: the engine failed while generating: {str(message)[:500]}")
+        raised.status = 502
+        raise raised
+    call.chunk(doc)
+    return _delta_text(doc, where, data)
 
 
 async def drain(chunks: AsyncIterator[bytes], timeout_s: float = 1.0) -> None:

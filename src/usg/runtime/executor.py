@@ -121,6 +121,7 @@ class Executor:
         self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
         self._chunk_plans: dict[frozenset[str], ChunkPlan | None] = {}
         self._deadlines = Deadlines()  # of the chunk runs in flight (run_chunk)
+        self._chains: dict[tuple[str, ...], bool] = {}
         node_cache = NodeCache(graph, self._cache_event, EmptyFanOut) if cache else None
         self.cache = node_cache if node_cache is not None and node_cache.enabled else None
 
@@ -228,6 +229,20 @@ class Executor:
         return self._runners
 
     # -- requests ----------------------------------------------------------------------------
+    def _chain(self, ran: list[str]) -> bool:
+        """Whether each node of ``ran`` (in graph order) takes an input from the node before it:
+        nothing could run in parallel, so the request runs them in its own task, one after the
+        other (no task, no wake-up per node; e.g. a prompt node then its LLM node)."""
+        key = tuple(ran)
+        chain = self._chains.get(key)
+        if chain is None:
+            nodes = self.graph.nodes
+            chain = self._chains[key] = all(
+                any(not r.is_graph_input and r.source == before for r in nodes[name].inputs.values())
+                for before, name in itertools.pairwise(ran)
+            )
+        return chain
+
     def plan(self, present: set[str]) -> tuple[list[str], list[str]]:
         key = frozenset(present)
         cached = self._plans.get(key)
@@ -400,8 +415,8 @@ class Executor:
             if decode:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._pool, decode_pending, self.graph, state.values, decode)
-            if state.stream.sequential:  # a session's chunk: its nodes one after the other, no task each
-                for name in ran:
+            if state.stream.sequential or self._chain(ran):  # one after the other, no task each:
+                for name in ran:  # a session's chunk, or nodes each waiting for the one before
                     await self._run_node(state, name)
             else:
                 for name in ran:

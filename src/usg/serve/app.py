@@ -104,11 +104,12 @@ def create_app(
         return exception_handlers(fmt, lambda req, exc, resp: ctx.count(req, exc, resp.status_code))
 
     routes: list[BaseRoute] = [
-        *(route for make in extra_routes for route in make(ctx)),  # before Mount("/v1"), which takes /v1/...
+        *(route for make in extra_routes for route in make(ctx)),
         *(r for addon in addons for r in addon.routes()),
-        *stream_routes(ctx),  # WS /v1/stream/{graph}, before Mount("/v1")
+        *stream_routes(ctx),  # WS /v1/stream/{graph}
+        # /v1 routes sit in this app (whose error formatter is v1's): no sub-app in the hot path
+        *v1.routes(ctx, prefix="/v1"),
         Route("/v2", v2.server_metadata(ctx), methods=["GET"]),  # Mount("/v2") matches "/v2/..." only
-        Mount("/v1", app=Starlette(routes=v1.routes(ctx), exception_handlers=handlers(v1_error))),
         Mount("/v2", app=Starlette(routes=v2.routes(ctx), exception_handlers=handlers(v2_error))),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),

@@ -213,9 +213,11 @@ class ServeContext:
             if reason is not None:
                 self.metrics.reject(reason)
         if endpoint is not None:
-            self.metrics.http_requests.labels(endpoint, str(status)).inc()
+            self.metrics.http_request(endpoint, status)
             rid = getattr(request.state, "request_id", "-")
             integrity = self._integrity.pop(rid, None) or {}
+            if not access_log.isEnabledFor(logging.INFO):
+                return
             t0 = getattr(request.state, "started", None)
             access_log.info(
                 "%s %s %d %s rid=%s%s",

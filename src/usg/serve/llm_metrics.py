@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from usg.records import EngineCall
+from usg.serve.label_cache import LabelCache
 
 __all__ = ["LLMMetrics"]
 
@@ -25,8 +26,9 @@ _CALL = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 class LLMMetrics:
     """Per LLM node: TTFT, inter-token latency, tokens, engine status codes; per model: in flight."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, child: LabelCache | None = None) -> None:
         r = registry
+        self.child = child or LabelCache()
         labels = ["model", "node"]
         self.ttft = Histogram(
             "usg_llm_time_to_first_token_seconds",
@@ -81,18 +83,18 @@ class LLMMetrics:
     def observe(self, node: str, calls: tuple[EngineCall, ...]) -> None:
         for call in calls:
             model = call.model
-            self.engine_requests.labels(model, node, str(call.status) if call.status else "none").inc()
-            self.call_seconds.labels(model, node).observe(max(0.0, call.end - call.start))
+            self.child(self.engine_requests, model, node, str(call.status) if call.status else "none").inc()
+            self.child(self.call_seconds, model, node).observe(max(0.0, call.end - call.start))
             if call.first_token is not None:
-                self.ttft.labels(model, node).observe(max(0.0, call.first_token - call.start))
+                self.child(self.ttft, model, node).observe(max(0.0, call.first_token - call.start))
             if call.token_gaps_s:
-                itl = self.itl.labels(model, node)
+                itl = self.child(self.itl, model, node)
                 for gap in call.token_gaps_s:
                     itl.observe(gap)
             if call.prompt_tokens:
-                self.prompt_tokens.labels(model, node).inc(call.prompt_tokens)
+                self.child(self.prompt_tokens, model, node).inc(call.prompt_tokens)
             if call.completion_tokens:
-                self.completion_tokens.labels(model, node).inc(call.completion_tokens)
+                self.child(self.completion_tokens, model, node).inc(call.completion_tokens)
 
 
 def _inflight_of(backend: Any) -> Callable[[], float]:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from usg.runtime.observer import CacheEvent, NodeEvent, Observer
+from usg.serve.label_cache import LabelCache
 from usg.serve.llm_metrics import LLMMetrics
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class ServeMetrics(Observer):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.child = LabelCache()  # child(metric, *labels): a labelled metric's child, made once
         self.batch_size = Histogram(
             "usg_batch_size",
             "Items per backend call of a batching model.",
@@ -146,7 +148,9 @@ class ServeMetrics(Observer):
         self.cache_bytes = Gauge("usg_cache_bytes", "Bytes a node-cache store holds (memory).", ["store"], registry=r)
         self.cache_evictions = Counter("usg_cache_evictions", "Node-cache LRU evictions.", ["store"], registry=r)
         self._evictions_seen: dict[str, int] = {}
-        self.llm = LLMMetrics(r)  # LLM nodes: time to first token, inter-token latency, tokens, engine codes
+        self.llm = LLMMetrics(
+            r, self.child
+        )  # LLM nodes: time to first token, inter-token latency, tokens, engine codes
 
     def bind_runners(self, runners: Mapping[str, Any]) -> None:
         """Learn which models batch (their queue/compute come from batch events) and export queue depth."""
@@ -168,58 +172,61 @@ class ServeMetrics(Observer):
 
     # -- observer hooks ------------------------------------------------------------------------
     def node_finished(self, event: NodeEvent) -> None:
-        self.node_seconds.labels(event.node).observe(max(0.0, event.end - event.start))
+        self.child(self.node_seconds, event.node).observe(max(0.0, event.end - event.start))
         if event.engine_calls:
             self.llm.observe(event.node, event.engine_calls)
         if event.model is None or not event.ok:
             return
-        self.items.labels(event.model).inc(event.items)
+        self.child(self.items, event.model).inc(event.items)
         if event.model not in self._batched and event.items > 0:
             # one backend call per item: the event carries sums over a map node's items,
             # so record each call's mean (as the batched path records one value per call)
             n = event.items
             for _ in range(n):
-                self.queue_wait.labels(event.model).observe(event.queue_ms / n / 1e3)
-                self.compute.labels(event.model).observe(event.compute_ms / n / 1e3)
+                self.child(self.queue_wait, event.model).observe(event.queue_ms / n / 1e3)
+                self.child(self.compute, event.model).observe(event.compute_ms / n / 1e3)
 
     def batch_finished(self, event: BatchEvent) -> None:
         model = event.model
-        self.batch_size.labels(model).observe(event.items)
-        self.compute.labels(model).observe(event.compute_ms / 1e3)
-        wait = self.queue_wait.labels(model)
+        self.child(self.batch_size, model).observe(event.items)
+        self.child(self.compute, model).observe(event.compute_ms / 1e3)
+        wait = self.child(self.queue_wait, model)
         for q in event.queue_ms:
             wait.observe(q / 1e3)
         if event.padded_elements > 0:
-            self.real_elements.labels(model).inc(event.real_elements)
-            self.padded_elements.labels(model).inc(event.padded_elements)
+            self.child(self.real_elements, model).inc(event.real_elements)
+            self.child(self.padded_elements, model).inc(event.padded_elements)
             waste = (event.padded_elements - event.real_elements) / event.padded_elements
-            self.padding_ratio.labels(model).observe(max(0.0, waste))
+            self.child(self.padding_ratio, model).observe(max(0.0, waste))
 
     def cache_event(self, event: CacheEvent) -> None:
-        self.cache_lookups.labels(event.node, event.outcome).inc()
+        self.child(self.cache_lookups, event.node, event.outcome).inc()
         if event.outcome == "hit":
-            self.cache_hit_seconds.labels(event.node).observe(event.seconds)
-        self.cache_bytes.labels(event.store).set(event.bytes_held)
+            self.child(self.cache_hit_seconds, event.node).observe(event.seconds)
+        self.child(self.cache_bytes, event.store).set(event.bytes_held)
         seen = self._evictions_seen.get(event.store, 0)
         if event.evictions > seen:
-            self.cache_evictions.labels(event.store).inc(event.evictions - seen)
+            self.child(self.cache_evictions, event.store).inc(event.evictions - seen)
             self._evictions_seen[event.store] = event.evictions
 
     def request_finished(
         self, request_id: str, modalities: Sequence[str], seconds: float, status: str, pruned: Sequence[str]
     ) -> None:
-        self.request_seconds.labels(modality_label(modalities), status).observe(seconds)
+        self.child(self.request_seconds, modality_label(modalities), status).observe(seconds)
         for node in pruned:
-            self.pruned.labels(node).inc()
+            self.child(self.pruned, node).inc()
+
+    def http_request(self, endpoint: str, status: int) -> None:
+        self.child(self.http_requests, endpoint, str(status)).inc()
 
     def reject(self, reason: str) -> None:
-        self.rejected.labels(reason).inc()
+        self.child(self.rejected, reason).inc()
 
     def remote_retry(self, target: str) -> None:
-        self.remote_retries.labels(target).inc()
+        self.child(self.remote_retries, target).inc()
 
     def remote_bytes_moved(self, target: str, direction: str, transport: str, size: int) -> None:
-        self.remote_bytes.labels(target, direction, transport).inc(size)
+        self.child(self.remote_bytes, target, direction, transport).inc(size)
 
 
 def _depth_of(runner: Any) -> Callable[[], float]:

@@ -52,6 +52,48 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
+class _JoinedWrites:
+    """A connection's transport that joins the writes made in one event-loop step into one.
+
+    uvicorn writes a response's status line and headers, then its body: two ``send`` calls,
+    two TCP segments and two wake-ups of the client for every JSON answer. Writes are held
+    until the end of the current loop step (``call_soon``) and sent together; ``close``
+    sends what is held first. After a protocol switch (WebSocket upgrade) writes pass through.
+    Everything else is the wrapped transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._through = False
+
+    def write(self, data: bytes) -> None:
+        if self._through:
+            self._transport.write(data)
+            return
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(data)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._flush()
+        self._through = True
+        self._transport.set_protocol(protocol)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with a deadline for a request's headers."""
     base: Any = AutoHTTPProtocol
@@ -77,7 +119,7 @@ def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
                 self.transport.close()  # headers never completed: a stalled or slowloris client
 
         def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(_JoinedWrites(transport, self.loop))
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -124,6 +166,7 @@ def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_lev
         log_level=log_level,
         lifespan="on",
         http=_protocol_class(cfg.header_timeout_s),
+        access_log=False,  # usg.access logs each inference request (with its request id and digests)
         timeout_keep_alive=max(1, round(cfg.keepalive_timeout_s)),
         timeout_graceful_shutdown=int((cfg.timeout_s or 60.0) + 10),
     )

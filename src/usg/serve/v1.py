@@ -232,13 +232,13 @@ async def parse_request(
         return await parse_form_inputs(ctx.graph, request, body, expected)
 
 
-def routes(ctx: ServeContext) -> list[Route]:
-    """The ``/v1`` routes (mounted under ``/v1`` with the v1 error formatter)."""
+def routes(ctx: ServeContext, prefix: str = "") -> list[Route]:
+    """The ``/v1`` routes, their paths under ``prefix`` (in an app with the v1 error formatter)."""
 
     async def work(request: Request, rid: str, body: bytes) -> Response:
         expected: dict[str, str] = {}
         flags: dict[str, Any] = {}
-        if "stream" in request.query_params:
+        if request.scope.get("query_string") and "stream" in request.query_params:
             flags["stream"] = request.query_params["stream"].lower() in ("1", "true", "yes")
         raw = await parse_request(ctx, request, body, expected, flags)
         stream = flags.get("stream", False)
@@ -253,4 +253,4 @@ def routes(ctx: ServeContext) -> list[Route]:
         result = await ctx.infer(raw, rid, expected or None)
         return JSONResponse({**result.to_json_dict(), "request_id": rid})
 
-    return [Route("/infer", ctx.endpoint("v1_infer", work), methods=["POST"])]
+    return [Route(f"{prefix}/infer", ctx.endpoint("v1_infer", work), methods=["POST"])]

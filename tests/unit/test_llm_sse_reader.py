@@ -1,0 +1,76 @@
+"""Decoding an engine's streamed chat completion fed piece by piece (usg.backends.openai_stream):
+the same answer however the bytes are cut, SSE fields and line endings, ``[DONE]``, and the
+errors of a malformed or cut-off stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from usg import BackendError
+from usg.backends.openai_stream import MAX_LINE_BYTES, CallRecorder, ChatStreamReader, SSEDecoder
+
+
+def _chunk(content: str | None = None, finish: str | None = None) -> str:
+    delta = {} if content is None else {"content": content}
+    return json.dumps({"id": "c1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+STREAM = (
+    f"data: {_chunk('Olá')}\n\n"
+    ": keep-alive\r\n\r\n"
+    f"event: message\r\nid: 7\r\ndata: {_chunk(' mundo')}\r\n\r\n"
+    f"data:  {_chunk(finish='stop')}\n\n"  # two spaces: JSON with whitespace before it
+    "data: [DONE]\n\n"
+    "data: {after done, never parsed\n\n"
+).encode()
+
+
+def _read(pieces: list[bytes]) -> tuple[str, CallRecorder]:
+    call = CallRecorder("m", "http://e")
+    reader = ChatStreamReader(call, "model 'llm'")
+    for piece in pieces:
+        reader.feed(piece)
+    return reader.finish(), call
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, len(STREAM)])
+def test_the_answer_is_the_same_however_the_bytes_are_cut(size: int) -> None:
+    text, call = _read([STREAM[i : i + size] for i in range(0, len(STREAM), size)])
+    assert text == "Olá mundo"  # "á" is two UTF-8 bytes: cut between them at size 1
+    assert call.deltas == 2 and call.finish_reason == "stop" and call.request_id == "c1"
+
+
+def test_multi_line_data_is_joined_and_unknown_fields_are_refused() -> None:
+    decoder = SSEDecoder("w")
+    assert decoder.feed(b"data: a\ndata: b\n\n") == ["a\nb"]
+    with pytest.raises(BackendError, match="not a Server-Sent Event field: '<html>'") as info:
+        decoder.feed(b"<html>\n")
+    assert info.value.status == 502
+
+
+def test_a_stream_cut_mid_event_or_before_its_end_is_an_error() -> None:
+    with pytest.raises(BackendError, match="ended in the middle of an event"):
+        _read([f"data: {_chunk('a')}\n\ndata: {_chunk('b')}".encode()])
+    with pytest.raises(BackendError, match=r"ended after 1 token deltas, before the answer finished"):
+        _read([f"data: {_chunk('a')}\n\n".encode()])
+    assert _read([f"data: {_chunk('a', finish='length')}\n\n".encode()])[0] == "a"  # a finish_reason ends it
+
+
+def test_a_line_longer_than_the_limit_is_refused() -> None:
+    decoder = SSEDecoder("w")
+    decoder.feed(b"data: " + b"x" * (MAX_LINE_BYTES // 2))
+    with pytest.raises(BackendError, match=f"longer than {MAX_LINE_BYTES} bytes"):
+        decoder.feed(b"x" * (MAX_LINE_BYTES // 2 + 16))
+
+
+def test_malformed_and_error_chunks() -> None:
+    with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\): '\{nope'"):
+        _read([b"data: {nope\n\n"])
+    with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\)"):
+        _read([b'data: {"a": 1} trailing\n\n'])
+    with pytest.raises(BackendError, match=r"not a JSON object"):
+        _read([b"data: [1, 2]\n\n"])
+    with pytest.raises(BackendError, match="the engine failed while generating: CUDA out of memory"):
+        _read([b'data: {"error": {"message": "CUDA out of memory"}}\n\n'])
