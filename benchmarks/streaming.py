@@ -16,7 +16,12 @@ most streams whose p95 chunk-to-event latency stays <= --p95-ms, with every smal
 passing too. Each row also prints the event-loop thread's CPU per chunk (the one thread every
 session's Python runs on). Then memory per idle session (tracemalloc) and 1,000 idle sessions open.
 
+Both systems run in one process as ``usg serve`` runs sessions: on uvloop when it is installed
+(``--loop asyncio``: the standard loop), with the heap built at start-up frozen out of the garbage
+collector's full passes once the models are loaded (:mod:`usg.runtime.heap`; ``--no-freeze``: not).
+
 Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 32,64,...] [--resolution 8] [--graph G]
+     [--loop uvloop|asyncio] [--no-freeze]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from usg.errors import Overloaded
 from usg.graph import load_graph
 from usg.ops.audio import decode_audio
 from usg.runtime import Executor
+from usg.runtime.heap import freeze_startup_heap
 from usg.stream import SessionLimits, SessionManager
 
 GRAPH = Path(__file__).resolve().parents[1] / "examples" / "speech_stream" / "graph.yaml"
@@ -252,12 +258,23 @@ async def main() -> None:
     ap.add_argument("--resolution", type=int, default=8, help="refine each limit to within this many streams")
     ap.add_argument("--idle-sessions", type=int, default=1000)
     ap.add_argument("--graph", type=Path, default=GRAPH, help="the VAD graph the sessions run (default: the example)")
+    ap.add_argument("--no-freeze", action="store_true", help="leave the start-up heap to the garbage collector")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help=LOOP_HELP)
     args = ap.parse_args()
+    print(f"event loop: {type(asyncio.get_running_loop()).__module__}", flush=True)
     audio = speech()
     graph = load_graph(args.graph).without_cache()
     pool = ThreadPoolExecutor(2, thread_name_prefix="silero")
     rows: dict[str, list[dict[str, float]]] = {"usg": [], "silero": []}
     async with Executor(graph, timeout_s=120) as executor:
+        if not args.no_freeze:
+            # as `usg serve` does once its models are loaded (usg.runtime.heap); the baseline's
+            # modules (torch, silero_vad: ~140,000 objects) are imported first, so neither system's
+            # full collections walk the other's start-up heap
+            import silero_vad  # noqa: F401
+            import torch  # noqa: F401
+
+            print(f"start-up heap frozen: {freeze_startup_heap()} objects", flush=True)
 
         async def run(name: str, n: int) -> None:
             if name == "usg":
@@ -315,5 +332,27 @@ async def main() -> None:
     )
 
 
+LOOP_HELP = (
+    "the event loop both systems run on (default: uvloop when installed, as `usg serve` runs its "
+    "sessions: uvicorn picks uvloop; asyncio: the standard loop)"
+)
+
+
+def _loop_factory() -> Any:
+    import sys
+
+    choice = sys.argv[sys.argv.index("--loop") + 1] if "--loop" in sys.argv[:-1] else None
+    if choice != "asyncio":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            if choice == "uvloop":
+                raise SystemExit("--loop uvloop: uvloop is not installed (pip install 'usg[serve]')") from None
+    return None
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())

@@ -23,8 +23,10 @@ from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.server import logger as uvicorn_logger
 
 from usg.errors import USGError
+from usg.runtime.heap import freeze_startup_heap
 from usg.serve.context import ServeContext
 
 __all__ = ["PortInUse", "UsgServer", "check_port", "uvicorn_config"]
@@ -150,6 +152,11 @@ class UsgServer(uvicorn.Server):
             self.ctx.begin_draining()  # readiness false, new requests 503; sockets stay open
             return
         super().handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:  # the lifespan loaded the models: freeze what start-up built (usg.runtime.heap)
+            freeze_startup_heap(uvicorn_logger)
 
     async def on_tick(self, counter: int) -> bool:
         if self._drain_deadline is not None and (not self.ctx.busy or time.monotonic() > self._drain_deadline):
