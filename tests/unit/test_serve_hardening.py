@@ -185,3 +185,19 @@ def test_image_formats_per_input_from_the_graph_limits() -> None:
         normalize_inputs(graph, {"photo": buf.getvalue()})  # the default list
     with pytest.raises(InputError, match=r"allowed format \(PPM\)"):
         normalize_inputs(graph, {"scan": _png(4, 4)})
+
+
+def test_5xx_messages_keep_urls_and_api_routes_and_lose_file_paths() -> None:
+    from usg.errors import BackendError
+    from usg.serve.errors import public_message
+
+    exc = BackendError(
+        "node 'llm': engine http://127.0.0.1:8000/v1/chat/completions answered POST /v1/chat/completions "
+        "with 500: cannot read /opt/models/llama/config.json (see https://example.com/docs/errors/x)"
+    )
+    msg = public_message(exc, "r7")
+    assert "http://127.0.0.1:8000/v1/chat/completions" in msg
+    assert "POST /v1/chat/completions" in msg
+    assert "https://example.com/docs/errors/x" in msg
+    assert "/opt/models" not in msg and "cannot read <path>" in msg
+    assert public_message(BackendError("key at /v1/secret/key.pem"), "r8").startswith("key at <path>")

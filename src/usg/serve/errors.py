@@ -107,6 +107,23 @@ def rejection_reason(exc: USGError) -> str | None:
 
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.+@-]+){2,}(?::\d+)?")
+# what a path-like match is not a file path in: a URL (``http://host:port/v1/...``) or an HTTP
+# route after its method (``POST /v1/chat/completions``); the engine's own API routes (/v1/, /v2/)
+_URL_BEFORE = re.compile(
+    r"(?:\b(?:https?|wss?|grpcs?|rediss?|s3|gs)://?[^\s/]*|\b(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) )$"
+)
+_API_ROUTE = re.compile(r"/v[12]/[\w/{}-]*$")  # no dots: a file under a v1/ folder is still a path
+
+
+def _redact_paths(line: str) -> str:
+    """File paths in ``line`` → ``<path>``; URLs and API routes stay (they name the engine to fix)."""
+
+    def one(m: re.Match[str]) -> str:
+        if _URL_BEFORE.search(line, 0, m.start()) or _API_ROUTE.match(m.group(0)):
+            return m.group(0)
+        return "<path>"
+
+    return _PATH.sub(one, line)
 
 
 def _public_message(exc: USGError, request_id: str | None) -> str:
@@ -114,7 +131,7 @@ def _public_message(exc: USGError, request_id: str | None) -> str:
     text = safe_text(str(exc))
     if exc.status < 500 or exc.status in (503, 504):
         return text
-    line = _PATH.sub("<path>", text.splitlines()[0] if text else exc.reason)
+    line = _redact_paths(text.splitlines()[0] if text else exc.reason)
     if len(line) > 300:
         line = line[:300] + "…"
     return f"{line} (details in the server log, request id {request_id})"
