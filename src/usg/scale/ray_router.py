@@ -11,11 +11,13 @@ With ``otel`` the router exports the same request / node / queue / compute spans
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from usg.graph.model import Graph
 from usg.runtime import Executor
+from usg.runtime.heap import freeze_startup_heap
 from usg.scale.ray_remote import RayFn, RayModelBackend
 from usg.serve.app import ServeConfig, create_app
 from usg.serve.tracing import make_tracer_provider
@@ -57,4 +59,19 @@ class Router:
         transports = [b.transport for b in models.values()] + [b.transport_many for b in models.values()]
         for transport in transports + [f.transport for f in nodes.values()]:
             transport.listeners.append(metrics.remote_bytes_moved)  # usg_remote_bytes_total
+        _freeze_after_startup(app)
         return app
+
+
+def _freeze_after_startup(app: Any) -> None:
+    """The replica serves this graph for its lifetime: once the app started (models loaded),
+    freeze its heap out of the collector's full passes, as ``usg serve`` does (usg.runtime.heap)."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[None]:
+        async with inner(a):
+            freeze_startup_heap()
+            yield
+
+    app.router.lifespan_context = lifespan
