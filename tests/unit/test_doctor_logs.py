@@ -114,7 +114,8 @@ def test_transformers_log() -> None:
     found = _read("transformers.log")
     assert [f.code for f in found] == ["LOG024", "LOG023", "LOG012"]
     vlm = found[1]
-    assert vlm.root_cause is RootCause.VERSION_COUPLING
+    # off by one: a processor setting (the CLS token counted for a SigLIP tower) to correct, not a version issue
+    assert vlm.root_cause is RootCause.CONFIG_INVALID
     assert (vlm.evidence["image_tokens"], vlm.evidence["image_features"]) == (729, 728)
     assert "num_additional_image_tokens=0" in vlm.fix
     assert found[2].root_cause is RootCause.MEMORY and found[2].evidence["tried"] == "2.00 GiB"

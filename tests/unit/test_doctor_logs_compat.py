@@ -114,7 +114,8 @@ def test_image_token_mismatch_refined_by_the_numbers() -> None:
     single = _root("ValueError: Image features and image tokens do not match: tokens: 1, features 297")
     assert single.root_cause is RootCause.VERSION_COUPLING and "processor_config.json" in single.fix
     cls = _root("ValueError: Image features and image tokens do not match: tokens: 577, features 576")
-    assert cls.root_cause is RootCause.VERSION_COUPLING  # one square patch grid plus a CLS token
+    # one square patch grid plus a CLS token: a processor setting to correct (num_additional_image_tokens)
+    assert cls.root_cause is RootCause.CONFIG_INVALID and "num_additional_image_tokens=0" in cls.fix
 
 
 def test_axis_zero_of_a_state_input_is_not_a_batch() -> None:

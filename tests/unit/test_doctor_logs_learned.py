@@ -17,9 +17,10 @@ CORPUS_URLS = {c.url for c in load_corpus()}
 
 
 def test_unseen_phrasing_gets_class_confidence_evidence_and_known_cases() -> None:
-    # not a corpus excerpt and no rule knows it: an SGLang-style KV-cache shortage in new words
+    # not a corpus excerpt and no rule knows it: an SGLang-style KV-cache shortage in new words (not the
+    # "not enough memory" wording LOG059 reads)
     line = (
-        "[2025-01-02 10:00:00 TP0] RuntimeError: Not enough memory to hold the KV cache of 4096 tokens. "
+        "[2025-01-02 10:00:00 TP0] RuntimeError: Too little memory to hold the KV cache of 4096 tokens. "
         "Please try a smaller --max-total-tokens or increase --mem-fraction-static."
     )
     assert line not in {c.excerpt for c in load_corpus()}

@@ -269,8 +269,30 @@ def root_error(findings: Iterable[Finding]) -> Finding | None:
     for f in errors:
         cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(str(f.evidence.get("line_text", "")))
         if f.code != "LOG000" and not cascade:
-            return f
+            return _rule_below(f, errors) or f
     return errors[0] if errors else None
+
+
+def _rule_below(f: Finding, errors: list[Finding]) -> Finding | None:
+    """A rule's finding within the few lines after a learned one: the same message, read by a rule.
+
+    Engines print a head line and state the cause below it ("ERROR: ModelImporter.cpp:134 In function
+    parseGraph:" then "[8] No importer registered for op: Mish"): the head alone is what the learned
+    layer guessed from, the line below is what a rule recognises — and rules are the precise reading.
+    """
+    if f.code != LEARNED.code or f.location.line is None:
+        return None
+    for g in errors:
+        line = g.location.line
+        if (
+            g.code not in ("LOG000", LEARNED.code)
+            and g.severity is f.severity
+            and g.root_cause is not RootCause.UNCLASSIFIED
+            and line is not None
+            and f.location.line < line <= f.location.line + _LOOKAHEAD + 1
+        ):
+            return g
+    return None
 
 
 def classify_text(

@@ -199,9 +199,9 @@ def _vllm_blocks(m: re.Match[str]) -> Explained:
     "LOG023",
     "transformers",
     "image tokens vs image features",
-    R.VERSION_COUPLING,
+    R.CONFIG_INVALID,
     r"Image features and image tokens do not match[:,]? tokens:? (?P<tok>\d+),? features:? (?P<feat>\d+)",
-    also=(R.CONFIG_INVALID, R.SHAPE_OR_RANK),
+    also=(R.VERSION_COUPLING, R.SHAPE_OR_RANK),
 )
 def _vlm(m: re.Match[str]) -> Explained:
     tok, feat = int(m["tok"]), int(m["feat"])
@@ -226,6 +226,10 @@ def _vlm(m: re.Match[str]) -> Explained:
             ev,
             R.VERSION_COUPLING,
         )
+    # Off by one (or any count the numbers alone cannot explain): the prompt and the processor settings
+    # disagree with the tower — a setting to correct (a CLS token counted on one side only, a hand-built
+    # prompt or hand-resized image), not evidence of a version mismatch. Only "one token for N features"
+    # above names the processor's legacy path, i.e. model files older than the library.
     if tok - feat == 1 and any(math.isqrt(n) ** 2 == n for n in (tok, feat)):
         why, fix = (  # off by one from one image's square patch grid: a CLS token counted on one side only
             "one more token than features: the processor counts a CLS token the tower does not emit "
@@ -246,8 +250,11 @@ def _vlm(m: re.Match[str]) -> Explained:
         )
     elif feat - tok == 1:
         why, fix = (
-            "one more feature than tokens: the CLS token is kept by the model but not counted by the processor",
-            "set num_additional_image_tokens=1 (CLIP) or vision_feature_select_strategy='default' consistently",
+            "one more feature than tokens: the prompt carries one image token fewer than the tower's patches — "
+            "the CLS token is kept by the model but not counted by the processor, or the prompt was built by "
+            "hand (own chat template, image resized outside the processor)",
+            "build the prompt with the processor (apply_chat_template, processor(images=...)); otherwise set "
+            "num_additional_image_tokens=1 (CLIP) or vision_feature_select_strategy='default' consistently",
         )
     elif feat and tok and tok < feat:
         return Explained(

@@ -158,13 +158,17 @@ def _ov_gpu_oor(m: re.Match[str]) -> Explained:
     )
 
 
+# the checked condition itself names a shape relation: element counts of a reshape, broadcasting
+_SHAPE_CHECK = re.compile(r"broadcast|elements_equal|element_count|shape_size", re.IGNORECASE)
+
+
 @_rule(
     "LOG035",
     "openvino",
     "OpenVINO check failed",
     R.MEMORY,
     _HEAD,
-    also=(R.UNSUPPORTED_OP,),
+    also=(R.UNSUPPORTED_OP, R.SHAPE_OR_RANK),
 )
 def _ov_check(m: re.Match[str]) -> Explained | None:
     rest = m["rest"] or ""
@@ -198,6 +202,16 @@ def _ov_check(m: re.Match[str]) -> Explained | None:
             ev,
             R.UNSUPPORTED_OP,
         )
+    if _SHAPE_CHECK.search(m["cond"] or ""):
+        ev["message"] = _message(rest)
+        return Explained(
+            f"OpenVINO's {component} found shapes that do not fit together (check {m['cond']!r}): a reshape whose "
+            "element count differs, or inputs that do not broadcast",
+            "check the input shapes given to the conversion/compile (static shapes that match the model's "
+            "reshape targets), or reshape the model to the shapes it is run with",
+            ev,
+            R.SHAPE_OR_RANK,
+        )
     return None  # e.g. "While validating node ...": the model's shapes or the converter — known cases decide
 
 
@@ -224,8 +238,16 @@ def _ov_unsupported(m: re.Match[str]) -> Explained:
     )
 
 
+# ONNX Runtime's per-node status ("Non-zero status code returned while running Add node ... Status Message:
+# bad allocation"): one kernel's allocation failing at run time does not show the process is out of memory —
+# ORT reports it too when the model and the runtime come from different builds. Known cases decide.
+_NODE_STATUS = re.compile(r"Non-zero status code returned while running \w+ node", re.IGNORECASE)
+
+
 @_rule("LOG037", "c++ runtime", "allocation failed (std::bad_alloc)", R.MEMORY, r"\bbad allocation\b|std::bad_alloc")
-def _bad_alloc(m: re.Match[str]) -> Explained:
+def _bad_alloc(m: re.Match[str]) -> Explained | None:
+    if _NODE_STATUS.search(m.string, 0, m.start()):
+        return None
     return Explained(
         "a C++ allocation failed (std::bad_alloc): the process ran out of host memory while building or running "
         "the model",

@@ -1,0 +1,136 @@
+"""Log rules keyed on causal vocabulary that several engines share, not on one engine's sentence.
+
+Each rule states a cause in words any runtime may use: memory that is "not enough"/"insufficient", a
+symbolic shape the exporter cannot decide ("data-dependent"), a model file that cannot be opened or
+is not a model at all, a GPU architecture a kernel does not support, a TensorFlow graph naming an
+attribute its reader's op does not have. They sit after the engine-specific rules (a message an
+engine rule knows keeps that rule's reading) and before the drift rule.
+
+Registered into :data:`usg.doctor.logs.rules.RULES` on import (before the drift rule).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from usg.doctor.logs.rule_base import Explained, R, _rule
+
+__all__: list[str] = []
+
+_QTY = re.compile(r"\b\d+(?:\.\d+)?\s*(?:[a-z]+\s+)?(?:[KMGT]i?B|bytes|tokens)\b", re.IGNORECASE)
+_FLAG = re.compile(r"(?:--|`)([a-z][\w-]*[a-z])`?")
+
+
+@_rule(
+    "LOG059",
+    "memory",
+    "not enough memory (stated in words)",
+    R.MEMORY,
+    r"\b(?:not enough|insufficient) (?:GPU |device |host |CPU |system )?memory\b|\bno memory is available\b|"
+    r"\bcannot allocate memory\b",
+)
+def _not_enough_memory(m: re.Match[str]) -> Explained:
+    line = m.string[m.string.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0]
+    ev: dict[str, Any] = {"quantities": _QTY.findall(line)[:4] or None}
+    flags = [f for f in _FLAG.findall(line) if "-" in f or "_" in f]
+    if flags:
+        ev["settings_named"] = list(dict.fromkeys(flags))[:4]
+    named = f" (the message names {', '.join(ev['settings_named'])})" if flags else ""
+    return Explained(
+        f"the engine reports it has not enough memory for what it was asked to reserve{named}",
+        "lower what is reserved up front (max batch/prefill tokens, max length, KV-cache fraction, workspace) or "
+        "raise the memory fraction the engine may use; free the device from other processes",
+        ev,
+    )
+
+
+_EXPR = re.compile(r"Could not guard on data-dependent expression (?P<expr>[^\n]{1,160}?)(?: \(unhinted|\.\s|$)")
+
+
+@_rule(
+    "LOG060",
+    "torch.export",
+    "shape decided by data (data-dependent guard)",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"Could not guard on data-dependent expression|GuardOnDataDependentSymNode",
+)
+def _data_dependent(m: re.Match[str]) -> Explained:
+    found = _EXPR.search(m.string, m.start())
+    expr = found["expr"].strip() if found else None
+    return Explained(
+        "the exporter meets a branch or size that depends on tensor values (a data-dependent symbol"
+        + (f": {expr}" if expr else "")
+        + "); it cannot keep the shape symbolic",
+        "make the shape explicit for export: torch._check()/torch._check_is_size() on the value, mark the "
+        "dimension dynamic with its range, or rewrite the branch with torch.where/torch.cond",
+        {"expression": expr},
+    )
+
+
+_LIB = re.compile(r"\.so\b|\.dll\b|shared object|shared librar", re.IGNORECASE)
+
+
+@_rule(
+    "LOG061",
+    "model file",
+    "model file missing or not a model",
+    R.CONFIG_INVALID,
+    r"NO_SUCHFILE|(?:Could not|Cannot|Can't|Unable to|Failed to) open (?:the )?(?:model |weights? |engine |onnx )?"
+    r"file:? ?(?P<path>\S+)?|(?P<text>Error parsing text-format (?P<proto>[\w.]*ModelProto))",
+)
+def _model_file(m: re.Match[str]) -> Explained | None:
+    line = m.string[m.string.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0]
+    if _LIB.search(line):  # a shared library that does not load: an install problem, not the model's path
+        return None
+    if m["text"]:
+        return Explained(
+            f"the parser read the model file as text ({m['proto']}): the file given is not a binary model (a wrong "
+            "path, a text or HTML file, an incomplete download)",
+            "pass the path of the .onnx model itself; check its size and that it loads with onnx.load()",
+            {"proto": m["proto"]},
+        )
+    path = (m["path"] or "").strip("'\"`").rstrip(",.") or None
+    return Explained(
+        "the model file named cannot be opened" + (f": {path}" if path else ""),
+        "fix the path in the command or configuration (relative paths resolve from the working directory); "
+        "check that the export/download wrote the file",
+        {"path": path},
+    )
+
+
+@_rule(
+    "LOG062",
+    "cuda kernels",
+    "GPU architecture not supported by a kernel",
+    R.ENVIRONMENT,
+    r"(?<!custom or )\bUnsupported (?:GPU |SM |CUDA )?architecture\b(?![s:])",
+)
+def _gpu_arch(m: re.Match[str]) -> Explained:
+    line = m.string[m.string.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0]
+    where = re.search(r"\w+\.(?:cuh|cu|cpp|h)\b", line) or re.search(r"\w+Runner\b", line)
+    return Explained(
+        "a GPU kernel does not support this GPU's architecture"
+        + (f" ({where.group(0)})" if where else "")
+        + ": the build has no code for its compute capability",
+        "run on a GPU generation the kernel supports, disable that kernel (another attention backend / plugin), "
+        "or install a build compiled for this compute capability",
+        {"kernel": where.group(0) if where else None},
+    )
+
+
+@_rule(
+    "LOG063",
+    "tensorflow",
+    "graph attribute unknown to the reader's op",
+    R.VERSION_COUPLING,
+    r"NodeDef mentions attr '(?P<attr>[^']+)' not in Op<name=(?P<op>\w+)",
+)
+def _nodedef_attr(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the graph's {m['op']} node carries attribute {m['attr']!r}, which the reading TensorFlow's {m['op']} "
+        "does not have: the graph was written by a newer TensorFlow than the one converting or running it",
+        "convert/run with the TensorFlow version that saved the graph (or newer), or re-save the model with the "
+        "older TensorFlow",
+        {"attribute": m["attr"], "op": m["op"]},
+    )
