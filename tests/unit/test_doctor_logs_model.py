@@ -62,6 +62,6 @@ def test_calibration_uses_out_of_fold_scores_and_the_wrong_cost() -> None:
     cal = calibrate(CASES, fit)
     assert sorted(map(sorted, fitted)) == [["a", "b"], ["a", "c"], ["b", "c"]]  # each project left out once
     assert cal.temperature > 0 and 0.2 <= cal.threshold <= 0.9
-    assert WRONG_COST == 2.0
+    assert WRONG_COST == 3.0
     # no case reaches the layer: every threshold costs nothing, the lowest is kept
     assert calibrate(CASES, LinearLayer, lambda c: False).threshold == 0.2
