@@ -10,11 +10,27 @@ overhead").
 It speaks plain ``http://`` to one origin, without a proxy: :func:`lean_client_applies` says
 when that holds; other engines (``https://``, or an ``HTTP_PROXY`` that applies to the URL) keep
 httpx. Connections are kept alive and reused (most recently used first; one idle longer than
-:data:`KEEPALIVE_S`, or closed by the engine, is dropped). ``timeout_s`` bounds the connect and
-every wait for bytes. A response left before its end (an error, a cancelled request) closes its
-connection, which is how the engine learns to stop generating. Failures raise
-:class:`EngineTimeout` or :class:`EngineTransportError` (connect refused, connection dropped,
-malformed HTTP).
+:data:`KEEPALIVE_S`, closed by the engine, or with bytes waiting while idle, is dropped before a
+request is written to it). Only a connection whose response was read to its end goes back to
+the pool: a response left before its end (an error, a cancelled request) closes its connection,
+which is how the engine learns to stop generating.
+
+What an engine may not do to it, each an :class:`EngineTransportError` naming the engine:
+
+* time: ``timeout_s`` bounds the connect, the wait for the response's head (in total, so a head
+  dripped a byte at a time cannot hold the request), every wait for bytes of a streamed body,
+  and the whole of a body read at once (:meth:`EngineResponse.aread`): :class:`EngineTimeout`;
+* memory: a head over :data:`MAX_HEAD_BYTES`, a body read at once over :data:`MAX_BODY_BYTES`
+  (a streamed body is handed on as it arrives and never held);
+* HTTP: malformed responses, ``101`` (nothing here asks to switch protocols), a second response
+  nobody asked for. Interim ``1xx`` responses (``100``, ``103``) are skipped; ``204`` and
+  ``304`` have no body.
+
+A pooled connection the engine closed while the request was being written is replaced once,
+only where sending again cannot run the request twice: a ``GET``, or a request the engine
+reset without reading (connection reset or broken pipe before a byte of answer). A connection
+that ends cleanly without an answer after a ``POST`` was written is an error: the engine may
+have taken the request.
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import select
 import time
 import urllib.parse
 import urllib.request
@@ -31,6 +48,8 @@ from typing import Any, cast
 
 __all__ = [
     "KEEPALIVE_S",
+    "MAX_BODY_BYTES",
+    "MAX_HEAD_BYTES",
     "EngineClient",
     "EngineResponse",
     "EngineTimeout",
@@ -42,6 +61,10 @@ __all__ = [
 KEEPALIVE_S = 4.0
 #: unread body bytes at which the connection stops reading until the reader catches up
 _HIGH_WATER = 1 << 22
+#: longest response head (status line and headers, interim 1xx heads included) taken from an engine
+MAX_HEAD_BYTES = 64 * 1024
+#: longest body read whole (a non-streamed completion, an error, ``/v1/models``); streamed bodies pass through
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 class EngineTransportError(Exception):
@@ -81,8 +104,9 @@ class _Connection(asyncio.Protocol):
     reader (:meth:`EngineResponse.aiter_bytes`) or handed to a sink as it is parsed
     (:meth:`EngineResponse.consume`, no task wake-up per piece)."""
 
-    def __init__(self, httptools: Any) -> None:
+    def __init__(self, httptools: Any, origin: str) -> None:
         self._httptools = httptools
+        self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.lost = False
@@ -97,6 +121,8 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.error: EngineTransportError | None = None
+        self.reset = False  # the engine reset the connection (it did not read what was sent)
+        self.interim = False  # parsing a 1xx head, skipped
         self.received = 0  # response bytes so far (0: a reused connection the engine had closed)
         self.last_data = 0.0  # loop.time() of the last bytes
         self.body: list[bytes] = []
@@ -116,36 +142,68 @@ class _Connection(asyncio.Protocol):
         self.last_data = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except self._httptools.HttpParserError as exc:
-            if self.sink_error is None:
-                self.error = EngineTransportError(f"the engine's response is not valid HTTP/1.1 ({exc})")
-            self.close()
+        except (self._httptools.HttpParserError, self._httptools.HttpParserUpgrade) as exc:
+            self.fail(f"the response of the engine at {self.origin} is not valid HTTP/1.1 ({exc})")
+        if not self.headers_done and self.received > MAX_HEAD_BYTES and self.error is None:
+            self.fail(
+                f"the engine at {self.origin} sent a response head over {MAX_HEAD_BYTES} bytes; "
+                "fix: check what listens at options.url (an engine's head is a few hundred bytes)"
+            )
         if self.sink is None or self.complete or self.error is not None or self.sink_done:
             self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.reset = isinstance(exc, (ConnectionResetError, BrokenPipeError))
         if self.headers_done and not self.complete and self.error is None and self._close_delimited():
             self.complete = True  # a body without length or chunking ends when the connection does
         elif not self.complete and self.error is None:
             why = f": {exc}" if exc is not None else ""
-            self.error = EngineTransportError(f"the engine closed the connection{why}")
+            self.error = EngineTransportError(f"the engine at {self.origin} closed the connection{why}")
         self._wake()
+
+    def fail(self, message: str) -> None:
+        """The response is unusable: the reader gets ``message``; the connection is closed."""
+        if self.sink_error is None and self.error is None:
+            self.error = EngineTransportError(message)
+        self.close()
 
     def _close_delimited(self) -> bool:
         return "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "")
 
     # -- httptools callbacks -----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second response in the same read: nobody asked for it
+            self.keep_alive = False
+            self.fail(f"the engine at {self.origin} sent a response nobody asked for")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete:
+            return  # of a response nobody asked for (refused in on_message_begin)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        if self.complete:
+            return
+        status = self.parser.get_status_code()
+        if status == 101:
+            self.fail(
+                f"the response of the engine at {self.origin} is not valid HTTP/1.1 "
+                "(it switched protocols (HTTP 101), which nothing here asked for)"
+            )
+            return
+        if 100 <= status < 200:  # 100 Continue, 103 Early Hints: the real head follows
+            self.interim = True
+            self.headers = {}
+            return
+        self.status = status
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
         sink = self.sink
         if sink is not None:
             if self.sink_done or self.sink_error is not None:
@@ -164,6 +222,11 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.complete:
+            return
+        if self.interim:
+            self.interim = False
+            return
         self.keep_alive = bool(self.parser.should_keep_alive())  # llhttp forgets it once the message ends
         self.complete = True
 
@@ -195,6 +258,21 @@ class _Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and self.error is None and not self.lost
+
+    def idle_and_clean(self) -> bool:
+        """A pooled connection still open with nothing to read (a FIN or stray bytes not yet
+        seen by the event loop make its socket readable): one ``poll``-like syscall."""
+        transport = self.transport
+        if self.lost or self.received or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
 
     def close(self) -> None:
         self.lost = True
@@ -253,7 +331,7 @@ class EngineResponse:
         try:
             await self._conn.wait(self._timeout_s)
         except EngineTimeout:
-            raise EngineTimeout(f"no bytes for {self._timeout_s:g} s") from None
+            raise EngineTimeout(f"no bytes from the engine at {self._conn.origin} for {self._timeout_s:g} s") from None
 
     async def consume(self, sink: Callable[[bytes], bool], *, after_done_s: float = 1.0) -> None:
         """Hand each piece of the body to ``sink`` as the connection parses it (in the event
@@ -288,7 +366,27 @@ class EngineResponse:
             await self._wait()
 
     async def aread(self) -> bytes:
-        self.content = b"".join([piece async for piece in self.aiter_bytes()])
+        """The whole body, at most :data:`MAX_BODY_BYTES`, within ``timeout_s`` in total (an
+        engine dripping bytes cannot hold it longer)."""
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async for piece in self.aiter_bytes():
+                    size += len(piece)
+                    if size > MAX_BODY_BYTES:
+                        self._conn.close()
+                        raise EngineTransportError(
+                            f"the engine at {self._conn.origin} sent a body over {MAX_BODY_BYTES} bytes "
+                            f"(HTTP {self.status_code}); fix: check what listens at options.url, or lower max_tokens"
+                        )
+                    pieces.append(piece)
+        except TimeoutError:
+            self._conn.close()
+            raise EngineTimeout(
+                f"the body from the engine at {self._conn.origin} took over {self._timeout_s:g} s"
+            ) from None
+        self.content = b"".join(pieces)
         return self.content
 
     @property
@@ -337,19 +435,20 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(self._httptools), self._host, self._port)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self._httptools, self.origin), self._host, self._port
+                )
         except TimeoutError:
-            raise EngineTimeout(f"connecting to {self._host}:{self._port} took over {self.timeout_s:g} s") from None
+            raise EngineTimeout(f"connecting to {self.origin} took over {self.timeout_s:g} s") from None
         except OSError as exc:
-            raise EngineTransportError(f"cannot connect to {self._host}:{self._port}: {exc.strerror or exc}") from None
+            raise EngineTransportError(f"cannot connect to {self.origin}: {exc.strerror or exc}") from None
         return conn
 
     def _pooled(self) -> _Connection | None:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            stale = now - conn.idle_since > KEEPALIVE_S or conn.received  # bytes while idle: not clean
-            if stale or conn.lost or conn.transport is None or conn.transport.is_closing():
+            if now - conn.idle_since > KEEPALIVE_S or not conn.idle_and_clean():
                 conn.close()
                 continue
             return conn
@@ -382,7 +481,7 @@ class EngineClient:
                 await self._send(conn, request)
             except EngineTransportError:
                 conn.close()
-                if reused and conn.received == 0 and not isinstance(conn.error, EngineTimeout):
+                if reused and _unanswered(conn) and (method in ("GET", "HEAD") or conn.reset):
                     conn, reused = None, False  # the engine had closed that idle connection: once more, anew
                     continue
                 raise
@@ -392,24 +491,26 @@ class EngineClient:
             break
         try:
             yield EngineResponse(conn, self.timeout_s)
-        except BaseException:
-            conn.close()
-            raise
-        if conn.complete:
-            self._release(conn)
-        else:
-            conn.close()
+        finally:  # a response read to its end (say, an error the caller raises on) keeps the connection
+            if conn.complete:
+                self._release(conn)
+            else:
+                conn.close()
 
     async def _send(self, conn: _Connection, request: bytes) -> None:
+        """Write ``request``; return once the response's head has arrived (within ``timeout_s``)."""
         assert conn.transport is not None
         conn.transport.write(request)
+        deadline = conn.loop.time() + self.timeout_s
         while not conn.headers_done:
             if conn.error is not None:
                 raise conn.error
             try:
-                await conn.wait(self.timeout_s)
+                await conn.wait(deadline - conn.loop.time(), idle=False)
             except EngineTimeout:
-                conn.error = EngineTimeout(f"no response within {self.timeout_s:g} s")
+                conn.error = EngineTimeout(
+                    f"no response head from the engine at {self.origin} within {self.timeout_s:g} s"
+                )
                 raise conn.error from None
 
     async def request(
@@ -430,6 +531,11 @@ class EngineClient:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _unanswered(conn: _Connection) -> bool:
+    """The connection ended before a byte of answer, not by a timeout nor by a protocol error."""
+    return conn.received == 0 and conn.lost and not isinstance(conn.error, EngineTimeout)
 
 
 def _dumps(doc: Any) -> bytes:

@@ -25,8 +25,11 @@ Output ``text``: the answer.
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,10 +83,20 @@ def _transport_errors() -> tuple[type[Exception], ...]:
 
 
 def _retry_after(headers: Mapping[str, str], attempt: int) -> float:
+    """Seconds to wait before retrying a 429/503: its ``Retry-After`` (seconds or an HTTP date),
+    else 0.5 s doubling per attempt; at most :data:`_MAX_RETRY_AFTER_S`."""
     raw = headers.get("retry-after")
-    try:
-        wait = float(raw) if raw is not None else 0.5 * 2**attempt
-    except ValueError:  # an HTTP date: back off as if it said nothing
+    wait = 0.5 * 2**attempt
+    if raw is not None:
+        try:
+            wait = float(raw)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+                wait = when.timestamp() - time.time()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                pass  # unreadable: back off as if it said nothing
+    if math.isnan(wait):
         wait = 0.5 * 2**attempt
     return min(max(wait, 0.0), _MAX_RETRY_AFTER_S)
 

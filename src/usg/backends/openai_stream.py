@@ -203,13 +203,16 @@ class ChatStreamReader:
         new: list[str] = []
         if self.done:
             return new
+        call = self.call
         for data in self._decoder.feed(chunk):
             if data == "[DONE]" or data.strip() == "[DONE]":
                 self.done = True
                 break
-            text = _chunk_text(data, self.call, self.where)
+            text = _usual_chunk_text(data, call)
+            if text is None:  # not the usual shape: the checks that name what is wrong
+                text = _chunk_text(data, call, self.where)
             if text:
-                self.call.token()
+                call.token()
                 self._parts.append(text)
                 new.append(text)
         return new
@@ -264,6 +267,36 @@ def _json(data: str) -> Any:
     except (StopIteration, ValueError):
         pass
     return json.loads(data)  # whitespace around the value, or the error to raise
+
+
+def _usual_chunk_text(data: str, call: CallRecorder) -> str | None:
+    """:func:`_chunk_text` for the chunk every engine sends (a JSON object, no ``error``, one
+    choice with a ``delta`` object), without its checks; None for anything else (then
+    :func:`_chunk_text` decides). Runs once per token, so it is kept flat."""
+    try:
+        doc, end = _scan_json(data, 0)
+    except (StopIteration, ValueError):
+        return None
+    if end != len(data) or type(doc) is not dict or "error" in doc:
+        return None
+    choices = doc.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict:
+        return None
+    if not call.request_id:
+        call.chunk(doc)  # the id (and anything else) of the first chunk
+    else:
+        if choice.get("finish_reason"):
+            call.finish_reason = str(choice["finish_reason"])
+        if "usage" in doc:
+            call.chunk(doc)
+    content = delta.get("content")
+    return content if type(content) is str else ""
 
 
 def _chunk_text(data: str, call: CallRecorder, where: str) -> str:

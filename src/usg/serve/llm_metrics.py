@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from usg.records import EngineCall
-from usg.serve.label_cache import LabelCache
+from usg.serve.label_cache import LabelCache, observe_many
 
 __all__ = ["LLMMetrics"]
 
@@ -88,9 +88,7 @@ class LLMMetrics:
             if call.first_token is not None:
                 self.child(self.ttft, model, node).observe(max(0.0, call.first_token - call.start))
             if call.token_gaps_s:
-                itl = self.child(self.itl, model, node)
-                for gap in call.token_gaps_s:
-                    itl.observe(gap)
+                observe_many(self.child(self.itl, model, node), call.token_gaps_s)
             if call.prompt_tokens:
                 self.child(self.prompt_tokens, model, node).inc(call.prompt_tokens)
             if call.completion_tokens:
