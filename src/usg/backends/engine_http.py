@@ -269,10 +269,11 @@ class _Connection(asyncio.Protocol):
         if sock is None:
             return True
         try:
-            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+            poller = select.poll()  # not select.select: no limit on the descriptor's number
+            poller.register(sock.fileno(), select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
-        return not readable
 
     def close(self) -> None:
         self.lost = True
