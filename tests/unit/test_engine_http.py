@@ -604,3 +604,28 @@ def test_cancelling_the_backend_mid_stream_closes_the_engine_connection() -> Non
             await backend.aclose()
 
     _run(go())
+
+
+def test_the_backend_answers_a_protocol_violation_with_a_502_naming_the_model_and_engine() -> None:
+    from usg.backends.openai import OpenAIBackend
+    from usg.errors import BackendError
+
+    async def huge_head(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await srv.next_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 100_000)
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def go() -> None:
+        async with Scripted(huge_head) as srv:
+            for stream in (True, False):
+                options = {"url": srv.url, "model": "m", "max_model_len": 4096, "engine_stream": stream}
+                backend = OpenAIBackend(options, name="llm")
+                with pytest.raises(
+                    BackendError, match=rf"model 'llm': the engine at {srv.url} sent a response head"
+                ) as err:
+                    await backend.ainfer({"messages": "hi"})
+                assert err.value.status == 502
+                await backend.aclose()
+
+    _run(go())

@@ -15,7 +15,8 @@ request is written to it). Only a connection whose response was read to its end 
 the pool: a response left before its end (an error, a cancelled request) closes its connection,
 which is how the engine learns to stop generating.
 
-What an engine may not do to it, each an :class:`EngineTransportError` naming the engine:
+What an engine may not do to it, each an :class:`EngineTransportError` naming the engine
+(:class:`EngineProtocolError` for the last two):
 
 * time: ``timeout_s`` bounds the connect, the wait for the response's head (in total, so a head
   dripped a byte at a time cannot hold the request), every wait for bytes of a streamed body,
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_HEAD_BYTES",
     "EngineClient",
+    "EngineProtocolError",
     "EngineResponse",
     "EngineTimeout",
     "EngineTransportError",
@@ -69,6 +71,10 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 
 class EngineTransportError(Exception):
     """The engine could not be reached, dropped the connection, or did not speak HTTP/1.1."""
+
+
+class EngineProtocolError(EngineTransportError):
+    """The engine answered, but not as HTTP/1.1 allows or within the size limits (a bad gateway)."""
 
 
 class EngineTimeout(EngineTransportError):
@@ -143,7 +149,10 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except (self._httptools.HttpParserError, self._httptools.HttpParserUpgrade) as exc:
-            self.fail(f"the response of the engine at {self.origin} is not valid HTTP/1.1 ({exc})")
+            self.fail(
+                f"the response of the engine at {self.origin} is not valid HTTP/1.1 ({exc}); "
+                "fix: check that options.url is the engine's HTTP address"
+            )
         if not self.headers_done and self.received > MAX_HEAD_BYTES and self.error is None:
             self.fail(
                 f"the engine at {self.origin} sent a response head over {MAX_HEAD_BYTES} bytes; "
@@ -165,7 +174,7 @@ class _Connection(asyncio.Protocol):
     def fail(self, message: str) -> None:
         """The response is unusable: the reader gets ``message``; the connection is closed."""
         if self.sink_error is None and self.error is None:
-            self.error = EngineTransportError(message)
+            self.error = EngineProtocolError(message)
         self.close()
 
     def _close_delimited(self) -> bool:
@@ -377,7 +386,7 @@ class EngineResponse:
                     size += len(piece)
                     if size > MAX_BODY_BYTES:
                         self._conn.close()
-                        raise EngineTransportError(
+                        raise EngineProtocolError(
                             f"the engine at {self._conn.origin} sent a body over {MAX_BODY_BYTES} bytes "
                             f"(HTTP {self.status_code}); fix: check what listens at options.url, or lower max_tokens"
                         )

@@ -37,6 +37,7 @@ from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
 from usg.backends.engine_http import (
     EngineClient,
+    EngineProtocolError,
     EngineResponse,
     EngineTimeout,
     EngineTransportError,
@@ -236,6 +237,12 @@ class OpenAIBackend(Backend):
             "`transformers serve`) or point options.url at it"
         )
 
+    def _bad_gateway(self, exc: EngineProtocolError) -> BackendError:
+        """The engine answered outside HTTP/1.1 or the size limits: a 502 (bad gateway)."""
+        err = BackendError(f"model {self.name!r}: {exc}")
+        err.status = 502
+        return err
+
     def _engine_error(self, resp: Any, what: str) -> BackendError:
         err = BackendError(
             f"model {self.name!r}: the engine at {self.url} answered {what} with HTTP {resp.status_code}: "
@@ -292,6 +299,8 @@ class OpenAIBackend(Backend):
                 if not self._discovered:
                     try:
                         self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
+                    except EngineProtocolError as exc:
+                        raise self._bad_gateway(exc) from None
                     except _transport_errors() as exc:
                         raise self._down(exc) from None
         self.check_budget(messages)
@@ -381,6 +390,8 @@ class OpenAIBackend(Backend):
                 f"model {self.name!r}: the engine at {self.url} sent nothing for {self.timeout_s:g} s; "
                 "fix: raise options.timeout_s, lower max_tokens, or check the engine's load"
             ) from None
+        except EngineProtocolError as exc:
+            raise self._bad_gateway(exc) from None
         except _transport_errors() as exc:
             if call.status:  # it answered, then the connection dropped mid-stream
                 how = f"with the connection dropped after {call.deltas} token deltas ({exc})"
@@ -397,6 +408,8 @@ class OpenAIBackend(Backend):
                     f"model {self.name!r}: the engine at {self.url} did not answer within {self.timeout_s:g} s; "
                     "fix: raise options.timeout_s, lower max_tokens, or check the engine's load"
                 ) from None
+            except EngineProtocolError as exc:
+                raise self._bad_gateway(exc) from None
             except _transport_errors() as exc:
                 raise self._down(exc) from None
             if resp.status_code in _RETRY_STATUS and attempt < self.retries:
