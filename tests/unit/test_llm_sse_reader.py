@@ -74,3 +74,22 @@ def test_malformed_and_error_chunks() -> None:
         _read([b"data: [1, 2]\n\n"])
     with pytest.raises(BackendError, match="the engine failed while generating: CUDA out of memory"):
         _read([b'data: {"error": {"message": "CUDA out of memory"}}\n\n'])
+
+
+def test_an_engine_that_ignores_max_tokens_is_cut_off() -> None:
+    call = CallRecorder("m", "http://e")
+    reader = ChatStreamReader(call, "model 'llm'", max_tokens=8)
+    token = f"data: {_chunk('tok')}\n\n".encode()
+    for _ in range(reader.max_deltas):  # twice max_tokens and a margin: still an answer
+        reader.feed(token)
+    with pytest.raises(BackendError, match="max_tokens") as err:
+        reader.feed(token)
+    assert err.value.status == 502 and f"{reader.max_deltas + 1} token deltas" in str(err.value)
+
+
+def test_a_huge_delta_is_cut_off_by_characters() -> None:
+    reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=4)
+    big = f"data: {_chunk('x' * 60_000)}\n\n".encode()
+    reader.feed(big)  # within 1 KiB a token + 64 KiB
+    with pytest.raises(BackendError, match="characters"):
+        reader.feed(big)

@@ -44,7 +44,13 @@ from usg.backends.engine_http import (
     lean_client_applies,
 )
 from usg.backends.llm_budget import PromptBudget, count_prompt_tokens
-from usg.backends.openai_stream import CallRecorder, ChatStreamReader, read_chat_stream, stream_cut
+from usg.backends.openai_stream import (
+    DEFAULT_MAX_TOKENS,
+    CallRecorder,
+    ChatStreamReader,
+    read_chat_stream,
+    stream_cut,
+)
 from usg.errors import (
     BackendError,
     GraphError,
@@ -159,7 +165,7 @@ class OpenAIBackend(Backend):
         self.max_inflight = max(1, int(opts.get("max_inflight", 8)))
         self.timeout_s = float(opts.get("timeout_s", 120.0))
         self.retries = max(0, int(opts.get("retries", 3)))
-        self.max_tokens = int(opts.get("max_tokens", 256))
+        self.max_tokens = int(opts.get("max_tokens", DEFAULT_MAX_TOKENS))
         self.temperature = opts.get("temperature")
         self.endpoint = openai_api.check_endpoint(opts.get("endpoint"), self.name)
         self.budget = PromptBudget(opts, self.name)
@@ -381,10 +387,10 @@ class OpenAIBackend(Backend):
                         on_token(text)
                     return text
                 if isinstance(resp, EngineResponse):  # parsed as it arrives, no task wake-up per chunk
-                    reader = ChatStreamReader(call, where)
+                    reader = ChatStreamReader(call, where, self.max_tokens)
                     await resp.consume(reader.sink(on_token))
                     return reader.finish()
-                return await read_chat_stream(resp.aiter_bytes(), call, on_token, where)
+                return await read_chat_stream(resp.aiter_bytes(), call, on_token, where, self.max_tokens)
         except _timeouts():
             raise RequestTimeout(
                 f"model {self.name!r}: the engine at {self.url} sent nothing for {self.timeout_s:g} s; "

@@ -22,7 +22,18 @@ from typing import Any, cast
 from usg.errors import BackendError
 from usg.records import EngineCall
 
-__all__ = ["MAX_LINE_BYTES", "CallRecorder", "ChatStreamReader", "SSEDecoder", "read_chat_stream", "stream_cut"]
+#: the answer bound when the request names no max_tokens (usg.backends.openai's default)
+DEFAULT_MAX_TOKENS = 256
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "MAX_LINE_BYTES",
+    "CallRecorder",
+    "ChatStreamReader",
+    "SSEDecoder",
+    "read_chat_stream",
+    "stream_cut",
+]
 
 #: longest SSE line accepted from an engine (one chunk is a few hundred bytes)
 MAX_LINE_BYTES = 1 << 20
@@ -193,11 +204,17 @@ class ChatStreamReader:
     turns true at ``data: [DONE]``, :meth:`finish` checks the end and returns the whole answer.
     Raises :class:`BackendError` (HTTP 502) for a malformed, failed or cut-off stream."""
 
-    def __init__(self, call: CallRecorder, where: str) -> None:
+    def __init__(self, call: CallRecorder, where: str, max_tokens: int | None = None) -> None:
         self.call, self.where = call, where
         self.done = False
         self._decoder = SSEDecoder(where)
         self._parts: list[str] = []
+        # the answer's memory is bounded before it grows: an engine that ignores max_tokens (or
+        # streams forever) is cut off at twice as many deltas and 1 KiB of text a token
+        budget = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_MAX_TOKENS
+        self.max_deltas = 2 * budget + 16
+        self.max_chars = 1024 * budget + 65536
+        self._chars = 0
 
     def feed(self, chunk: bytes) -> list[str]:
         new: list[str] = []
@@ -213,6 +230,13 @@ class ChatStreamReader:
                 text = _chunk_text(data, call, self.where)
             if text:
                 call.token()
+                self._chars += len(text)
+                if call.deltas > self.max_deltas or self._chars > self.max_chars:
+                    raise _bad_stream(
+                        f"{self.where}: the engine streamed {call.deltas} token deltas ({self._chars} characters), "
+                        f"past what max_tokens allows ({self.max_deltas} deltas, {self.max_chars} characters); "
+                        "fix: check that the engine honours max_tokens"
+                    )
                 self._parts.append(text)
                 new.append(text)
         return new
@@ -240,11 +264,15 @@ class ChatStreamReader:
 
 
 async def read_chat_stream(
-    chunks: AsyncIterator[bytes], call: CallRecorder, on_token: Callable[[str], None] | None, where: str
+    chunks: AsyncIterator[bytes],
+    call: CallRecorder,
+    on_token: Callable[[str], None] | None,
+    where: str,
+    max_tokens: int | None = None,
 ) -> str:
     """The whole answer of a streamed chat completion read from ``chunks``; ``on_token`` gets
     each content delta as it arrives (see :class:`ChatStreamReader`)."""
-    reader = ChatStreamReader(call, where)
+    reader = ChatStreamReader(call, where, max_tokens)
     take = reader.sink(on_token)
     async for chunk in chunks:
         if take(chunk):
