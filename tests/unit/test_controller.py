@@ -409,3 +409,24 @@ def test_the_controller_is_on_by_default_where_calls_report_cpu_time_or_a_target
     fake.cpu_in_caller = True  # e.g. a single-threaded CPU ONNX Runtime session
     assert controlled(BatchPolicy(max_size=8), fake)
     assert not controlled(BatchPolicy(max_size=8, adaptive=False), fake)  # written: it wins
+
+
+def test_caps_that_lost_by_far_are_not_probed_again_until_their_measurement_is_old():
+    # silero-vad-like: a fixed 0.2 ms a call and 0.055 ms a window (per window 0.26 ms at 1, 0.06 at
+    # 32), each call +-15%: settles at 32. Noise in the settled cost drifts past the hysteresis now
+    # and then, which re-opens probing; caps measured at > 1.5x the settled per-item cost (1, 2, 4)
+    # are probed again only once their measurement is max_probe_gap (64) windows old.
+    ctl, sim = make(BatchPolicy(max_size=32, max_delay_ms=5, adaptive=True))
+    sim.noise = 0.15
+    sim.run(1500, linear(0.2, 0.055))
+    assert ctl.settled_cap == 32
+    start = len(ctl.decisions)
+    sim.run(12_000, linear(0.2, 0.055))  # ~1,000 decision windows
+    assert ctl.settled_cap == 32
+    probes = [d.cap for d in list(ctl.decisions)[start:] if re.match(r"probe \d", d.reason)]
+    windows = 12_000 / 12
+    for cap in (1, 2, 4):  # before the rule: 18-21 probes each, as often as 8 and 16
+        assert probes.count(cap) <= windows / 64 + 1, (cap, probes.count(cap), probes)
+    tail = sim.caps[-12_000:]
+    # items run at those caps: 0.4% (1.3-1.4% before the rule)
+    assert sum(c for c in tail if c <= 4) / sum(tail) < 0.008

@@ -23,7 +23,9 @@ so two caps whose costs are close do not take turns. A cap it has not measured j
 a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 with a call of
 1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
-``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare;
+``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare; a cap
+measured within ``max_probe_gap`` windows at more than 1.5x the current per-item cost
+(``probe_margin``) is not probed again until that measurement is older;
 a move, or the current bin's cost drifting by more than the hysteresis from what it was when
 the cap settled, resets the gap (that is how it reacts to a change in cost). A larger cap
 is probed only when the queue held enough items to fill it.
@@ -114,6 +116,7 @@ class BatchController:
         hysteresis: float = 0.05,
         alpha: float = 0.25,
         max_probe_gap: int = 64,
+        probe_margin: float = 0.5,
         stale_windows: int = 32,
         recent_windows: int = 16,
         history: int = 256,
@@ -127,6 +130,7 @@ class BatchController:
         self.hysteresis = hysteresis
         self.alpha = alpha
         self.max_probe_gap = max(1, max_probe_gap)
+        self.probe_margin = probe_margin
         self.stale_windows = stale_windows
         self.recent_windows = recent_windows
         self.target_p95_ms = policy.target_p95_ms
@@ -287,8 +291,8 @@ class BatchController:
             and (self._bins[j].cost or 0.0) < here * (1 - self.hysteresis)
         ]
         up = self._i + 1
-        allowed = [*range(min(self._i, self._ceiling + 1))]
-        if up <= self._ceiling and depth >= self.sizes[up]:
+        allowed = [j for j in range(min(self._i, self._ceiling + 1)) if self._worth_probing(j, here)]
+        if up <= self._ceiling and depth >= self.sizes[up] and self._worth_probing(up, here):
             allowed.append(up)
         if hinted:  # rec at cap 4 with a call of 1 now and then: 1 is probed at once, not after 2
             j = min(hinted, key=lambda j: self._bins[j].cost or 0.0)
@@ -303,6 +307,19 @@ class BatchController:
         self._probe_from, self._i, self._probe_windows = self._i, j, 0
         self._changed = self._windows
         self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
+
+    def _worth_probing(self, j: int, here: float | None) -> bool:
+        """Whether cap ``j`` may be probed: not when it was measured within ``max_probe_gap``
+        windows at more than ``(1 + probe_margin)`` times the current cap's per-item cost. A cap
+        that lost by that much loses again unless the costs changed — and a probe of a far worse
+        cap is what hurts: silero-vad at 4,000 windows/s, settled at 32, lost every probe of 1
+        (0.2 ms a window vs 0.055), yet each drift of the noisy cost re-opened all of them."""
+        b = self._bins[j]
+        if here is None or b.cost is None or b.samples < self.min_samples:
+            return True
+        if self._windows - b.window > self.max_probe_gap:
+            return True  # measured too long ago: costs may have changed since
+        return b.cost <= here * (1 + self.probe_margin)
 
     def _end_probe(self) -> None:
         assert self._probe_from is not None
