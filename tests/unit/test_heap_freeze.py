@@ -26,7 +26,8 @@ def test_freeze_moves_live_objects_out_of_the_collector() -> None:
     kept = [{"n": i} for i in range(1000)]  # tracked containers alive at the freeze
     assert gc.get_freeze_count() == 0
     frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # (the count can fall right after: frozen objects are still freed when their last reference goes)
+    assert frozen >= len(kept) and gc.get_freeze_count() >= len(kept)
     assert not any(o is kept for o in gc.get_objects())  # a full pass no longer walks them
     kept.clear()  # reference counting still frees frozen objects
 
