@@ -4,14 +4,16 @@ Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here
 ``usg serve`` of a two-node graph (``usg.ops.llm:chat`` → ``backend: openai``) in front of it, then:
 
 1. latency: text-only questions one at a time, alternating direct / USG (``POST /v1/infer``),
-   the direct call being the very chat completion USG sends (streamed, as USG asks for it);
+   the direct call being the very chat completion USG sends (``engine_stream`` auto: one whole
+   completion for a caller that does not stream);
 2. time to first token: the same alternation, streamed (``"stream": true``; the first ``token``
-   event vs the engine's first content delta);
+   event vs the engine's first content delta; USG streams from the engine);
 3. throughput: ``--clients`` concurrent clients, each sending ``--per-client`` questions, direct
-   then through USG (``max_inflight`` = clients, so USG holds nothing back).
+   then through USG (``max_inflight`` = clients, so USG holds nothing back); once as plain
+   questions and once streamed (each side's clients read the tokens as they come).
 
 Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
-token), the ``usg serve`` process's CPU time per question, and the throughput ratio (target
+token), the ``usg serve`` process's CPU time per question, and the throughput ratios (target
 ≥ 0.95×). Greedy decoding: both paths generate the
 same tokens. Run: ``python benchmarks/llm_overhead.py`` (needs ``usg[llm-engine]``, torch).
 """
@@ -59,21 +61,24 @@ outputs:
 QUESTION = "What is the total amount due on this invoice?"
 
 
-def _direct_body(model: str, max_tokens: int, question: str) -> dict[str, Any]:
+def _direct_body(model: str, max_tokens: int, question: str, stream: bool) -> dict[str, Any]:
+    """The chat completion USG sends for ``question`` (streamed when its caller streams)."""
     messages = chat(system="Be brief.", user="Question: {question}", question=question)["messages"]
-    return {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
+    if stream:
+        body.update({"stream": True, "stream_options": {"include_usage": True}})
+    return body
 
 
 def _direct(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float]:
-    """(total s, time to first content delta s) of one streamed chat completion."""
+    """(total s, time to first content delta s) of one chat completion (streamed or whole: then
+    the first content is the whole answer)."""
     t0 = time.perf_counter()
     first = None
+    if not body.get("stream"):
+        client.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
+        end = time.perf_counter()
+        return end - t0, end - t0
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
@@ -162,46 +167,52 @@ def main() -> None:
         graph.write_text(GRAPH.format(url=eurl, model=model, max_tokens=args.max_tokens, inflight=args.clients))
         usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
         uurl = usg_server.url
-        body = _direct_body(model, args.max_tokens, QUESTION)
+        plain, streamed = (_direct_body(model, args.max_tokens, QUESTION, s) for s in (False, True))
         with httpx.Client(timeout=300) as client:
             for _ in range(3):  # warm both paths (first generation, connections)
-                _direct(client, eurl, body)
+                _direct(client, eurl, plain)
+                _direct(client, eurl, streamed)
+                _usg(client, uurl, QUESTION, stream=False)
                 _usg(client, uurl, QUESTION, stream=True)
             print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
             cpu0 = _cpu_s(usg_server.proc.pid)
             d_lat, u_lat = _alternate(
-                args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, False)
+                args.requests, lambda: _direct(client, eurl, plain), lambda: _usg(client, uurl, QUESTION, False)
             )
             usg_cpu_ms = (_cpu_s(usg_server.proc.pid) - cpu0) / args.requests * 1e3
             print(f"time to first token: {args.requests} streamed questions per side ...", flush=True)
+            cpu0 = _cpu_s(usg_server.proc.pid)
             d_tt, u_tt = _alternate(
-                args.requests, lambda: _direct(client, eurl, body), lambda: _usg(client, uurl, QUESTION, True)
+                args.requests, lambda: _direct(client, eurl, streamed), lambda: _usg(client, uurl, QUESTION, True)
             )
+            usg_cpu_stream_ms = (_cpu_s(usg_server.proc.pid) - cpu0) / args.requests * 1e3
 
-        async def send_direct(client: httpx.AsyncClient, q: str) -> None:
-            direct = _direct_body(model, args.max_tokens, q)
-            async with client.stream("POST", f"{eurl}/v1/chat/completions", json=direct) as r:
-                r.raise_for_status()
-                async for _ in r.aiter_bytes():
-                    pass
+        def sender(side: str, stream: bool) -> Any:
+            async def send(client: httpx.AsyncClient, q: str) -> None:
+                if side == "direct":
+                    url, body = f"{eurl}/v1/chat/completions", _direct_body(model, args.max_tokens, q, stream)
+                else:
+                    url, body = f"{uurl}/v1/infer", {"inputs": {"question": q}, "stream": stream}
+                async with client.stream("POST", url, json=body) as r:
+                    r.raise_for_status()
+                    async for _ in r.aiter_bytes():
+                        pass
 
-        async def send_usg(client: httpx.AsyncClient, q: str) -> None:
-            (await client.post(f"{uurl}/v1/infer", json={"inputs": {"question": q}})).raise_for_status()
+            return send
 
-        print(
-            f"throughput: {args.clients} concurrent clients x {args.per_client} questions per side and round, "
-            "2 rounds (direct, USG, USG, direct) ...",
-            flush=True,
-        )
-        totals = {"direct": [0, 0.0], "usg": [0, 0.0]}
-        for side in ("direct", "usg", "usg", "direct"):
-            done, secs = asyncio.run(
-                _throughput(args.clients, args.per_client, send_direct if side == "direct" else send_usg)
+        rps: dict[bool, tuple[float, float]] = {}
+        for stream in (False, True):
+            print(
+                f"throughput{' (streamed)' if stream else ''}: {args.clients} concurrent clients x "
+                f"{args.per_client} questions per side and round, 2 rounds (direct, USG, USG, direct) ...",
+                flush=True,
             )
-            totals[side][0] += done
-            totals[side][1] += secs
-        direct_rps = totals["direct"][0] / totals["direct"][1]
-        usg_rps = totals["usg"][0] / totals["usg"][1]
+            totals = {"direct": [0, 0.0], "usg": [0, 0.0]}
+            for side in ("direct", "usg", "usg", "direct"):
+                done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(side, stream)))
+                totals[side][0] += done
+                totals[side][1] += secs
+            rps[stream] = (totals["direct"][0] / totals["direct"][1], totals["usg"][0] / totals["usg"][1])
         n = int(totals["usg"][0])
     finally:
         if usg_server is not None:
@@ -223,16 +234,19 @@ def main() -> None:
     print(f"{'median paired difference, TTFT (ms)':<38}{'':>10}{'':>10}{paired_tt:>+10.1f}")
     print(f"{'p50 USG time outside the engine call':<38}{'':>10}{'':>10}{own:>+10.1f}{'<= 3':>10}")
     print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{usg_cpu_ms:>10.2f}")
-    print(
-        f"{f'throughput, {args.clients} clients (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
-        f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
-    )
+    print(f"{'usg serve CPU per streamed question':<38}{'':>10}{usg_cpu_stream_ms:>10.2f}")
+    for stream, label in ((False, f"throughput, {args.clients} clients"), (True, "  the same, streamed")):
+        direct_rps, usg_rps = rps[stream]
+        print(
+            f"{label + ' (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
+            f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
+        )
     print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU)")
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
         "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance; "
-        "usg serve CPU = the server process's user + system time over the latency phase, per question "
-        "(everything USG does, its own engine client included; the least load-sensitive figure)"
+        "usg serve CPU = the server process's run time over the latency phase (streamed: the TTFT phase), per "
+        "question (everything USG does, its own engine client included; the least load-sensitive figure)"
     )
 
 

@@ -140,7 +140,27 @@ def test_an_engine_that_is_down_is_a_503_naming_model_url_and_fix(usg: Server) -
 
 
 def test_llm_metrics_after_real_engine_calls(usg: Server) -> None:
+    """engine_stream auto: a question asked without streaming is one whole completion (tokens and
+    status counted, no token timing); a streamed one times its first token and the gaps."""
+    ttft = 'usg_llm_time_to_first_token_seconds_count{model="llm",node="answer"}'
+    itl = 'usg_llm_inter_token_latency_seconds_count{model="llm",node="answer"}'
+    out = 'usg_llm_completion_tokens_total{model="llm",node="answer"}'
+
+    def values() -> dict[str, float]:
+        text = httpx.get(f"{usg.url}/metrics").text
+        found = {s: re.search(re.escape(s) + r" (\S+)", text) for s in (ttft, itl, out)}
+        return {s: float(m.group(1)) if m else 0.0 for s, m in found.items()}
+
+    before = values()
     assert httpx.post(f"{usg.url}/v1/infer", json={"inputs": {"question": "q"}}, timeout=120).is_success
+    plain = values()
+    assert plain[ttft] == before[ttft] and plain[itl] == before[itl]
+    assert plain[out] >= before[out] + 1  # the engine's usage of the whole completion
+    streamed_q = {"inputs": {"question": "q"}, "stream": True}
+    with httpx.stream("POST", f"{usg.url}/v1/infer", json=streamed_q, timeout=120) as r:
+        assert r.status_code == 200 and "event: token" in list(r.iter_lines())
+    streamed = values()
+    assert streamed[ttft] == plain[ttft] + 1 and streamed[itl] > plain[itl]
     metrics = httpx.get(f"{usg.url}/metrics").text
 
     def value(series: str) -> float:
@@ -148,8 +168,6 @@ def test_llm_metrics_after_real_engine_calls(usg: Server) -> None:
         assert match, series
         return float(match.group(1))
 
-    assert value('usg_llm_time_to_first_token_seconds_count{model="llm",node="answer"}') >= 1
-    assert value('usg_llm_inter_token_latency_seconds_count{model="llm",node="answer"}') >= 1
     assert value('usg_llm_completion_tokens_total{model="llm",node="answer"}') >= 8
     assert value('usg_llm_prompt_tokens_total{model="llm",node="answer"}') >= 1
     assert value('usg_llm_engine_requests_total{code="200",model="llm",node="answer"}') >= 1

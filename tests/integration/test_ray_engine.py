@@ -474,9 +474,14 @@ def test_llm_nodes_call_the_engine_from_the_router(ask: Ask) -> None:
     (body,) = engine.bodies[sent:]
     assert body["model"] == "tiny" and body["max_tokens"] == 9
     engine.max_seen = 0
-    question = {"inputs": {"question": " ".join(["word"] * 10)}}  # 20 ms a word: a call takes 0.2 s+
-    with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(lambda _: httpx.post(f"{url}/v1/infer", json=question, timeout=60), range(4)))
+    # asked without streaming, each is one whole completion (engine_stream auto), held 0.3 s here
+    engine.delay_s = 0.3
+    question = {"inputs": {"question": " ".join(["word"] * 10)}}
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: httpx.post(f"{url}/v1/infer", json=question, timeout=60), range(4)))
+    finally:
+        engine.delay_s = 0.0
     assert all(r.status_code == 200 for r in replies)
     assert 2 <= engine.max_seen <= 4  # the calls overlap at the engine (nothing serialises them on the way)
 

@@ -44,10 +44,12 @@ class StreamingFakeEngine(FakeEngine):
     peers: list[int] = field(default_factory=list)
     #: when each fully sent stream sent its last chunk (``time.monotonic()``)
     ended: list[float] = field(default_factory=list)
+    #: stream even when the request did not ask to (as some proxies do)
+    always_stream: bool = False
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
-        if not body.get("stream"):
+        if not body.get("stream") and not self.always_stream:
             return await super()._chat(_Replay(request, body))
         self.bodies.append(body)
         self.peers.append(request.client.port if request.client else 0)

@@ -132,9 +132,8 @@ def test_completions_send_the_prompt_as_it_is(tmp_path: Path) -> None:
         with pytest.raises(PayloadTooLarge, match=r"prompt \d+ text tokens.*max_tokens 17 = \d+, above.*64"):
             ex.infer_sync({"question": "word " * 60})
     assert out == {"answer": "echo: Q: 2+2?\nA:"}
-    # engine_stream (default): the completion is asked for as a stream; this fake answers with one JSON body
-    stream = {"stream": True, "stream_options": {"include_usage": True}}
-    assert engine.bodies == [{"model": "tiny", "prompt": "Q: 2+2?\nA:", "max_tokens": 17, **stream}]
+    # engine_stream auto (the default) and a caller that does not stream: one whole completion is asked for
+    assert engine.bodies == [{"model": "tiny", "prompt": "Q: 2+2?\nA:", "max_tokens": 17}]
 
 
 def test_chat_messages_to_a_completions_model_say_what_to_wire(tmp_path: Path) -> None:

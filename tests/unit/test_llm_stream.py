@@ -22,7 +22,7 @@ from fake_openai import RunningEngine
 from fake_openai_stream import StreamingFakeEngine
 from procs import free_port
 
-from usg import BackendError, Executor, RequestTimeout, load_graph
+from usg import BackendError, Executor, GraphError, RequestTimeout, load_graph
 from usg.runtime import Finished, TokenDelta
 from usg.serve import create_app
 
@@ -33,7 +33,7 @@ inputs:
 models:
   llm:
     backend: openai
-    options: {{url: '{url}', model: tiny, max_tokens: 16, timeout_s: {timeout}, retries: 1}}
+    options: {{url: '{url}', model: tiny, max_tokens: 16, timeout_s: {timeout}, retries: 1, engine_stream: {stream}}}
 nodes:
   prompt:
     fn: usg.ops.llm:chat
@@ -44,9 +44,11 @@ outputs:
 """
 
 
-def _graph(tmp_path: Path, url: str, timeout: float = 30) -> Path:
+def _graph(tmp_path: Path, url: str, timeout: float = 30, stream: str = "true") -> Path:
+    """The test graph; ``stream`` is options.engine_stream (``true``: the engine streams even for a
+    caller that does not, so these tests read its streams through ``infer_sync`` too)."""
     path = tmp_path / "graph.yaml"
-    path.write_text(GRAPH.format(url=url, timeout=timeout))
+    path.write_text(GRAPH.format(url=url, timeout=timeout, stream=stream))
     return path
 
 
@@ -63,7 +65,10 @@ def _wait_for(cond: Any, what: str, timeout_s: float = 10.0) -> None:
 
 
 def test_executor_stream_yields_nodes_then_tokens_then_the_result(tmp_path: Path) -> None:
-    with RunningEngine(StreamingFakeEngine()) as engine, Executor(load_graph(_graph(tmp_path, engine.url))) as ex:
+    with (
+        RunningEngine(StreamingFakeEngine()) as engine,
+        Executor(load_graph(_graph(tmp_path, engine.url, stream="auto"))) as ex,
+    ):
         events = ex._sync.run(_collect(ex, {"question": "two plus two"}))
         plain = ex.infer_sync({"question": "two plus two"})
     kinds = [type(e).__name__ for e in events]
@@ -75,8 +80,9 @@ def test_executor_stream_yields_nodes_then_tokens_then_the_result(tmp_path: Path
     final = events[-1]
     assert isinstance(final, Finished)
     assert final.result.outputs == plain.outputs == {"answer": "echo: two plus two"}
-    assert all(body["stream"] is True for body in engine.bodies)  # the engine streamed both times
-    assert engine.completed == 2
+    # engine_stream auto: the engine streams for the streaming caller, one whole completion for the other
+    assert [body.get("stream") for body in engine.bodies] == [True, None]
+    assert engine.completed == 1  # streams fully sent
 
 
 @pytest.mark.parametrize(
@@ -346,12 +352,44 @@ def test_engine_stream_false_sends_plain_completions_and_one_delta(tmp_path: Pat
     path = tmp_path / "graph.yaml"
     with RunningEngine(StreamingFakeEngine()) as engine:
         path.write_text(
-            GRAPH.format(url=engine.url, timeout=30).replace("retries: 1", "retries: 1, engine_stream: false")
+            GRAPH.format(url=engine.url, timeout=30, stream="false")
         )
         with Executor(load_graph(path)) as ex:
             events = ex._sync.run(_collect(ex, {"question": "two plus two"}))
     assert [e.text for e in events if isinstance(e, TokenDelta)] == ["echo: two plus two"]
     assert "stream" not in engine.bodies[0] and engine.completed == 0
+
+
+def test_engine_stream_takes_auto_true_or_false_and_names_the_field_otherwise(tmp_path: Path) -> None:
+    with pytest.raises(GraphError) as info, Executor(load_graph(_graph(tmp_path, "http://127.0.0.1:9", stream="x"))):
+        pass
+    text = str(info.value)
+    assert "models.llm.options.engine_stream" in text and "'x'" in text and "auto" in text
+
+
+def test_a_caller_that_does_not_stream_gets_no_token_timing_from_an_engine_that_streams_anyway(
+    tmp_path: Path,
+) -> None:
+    """engine_stream auto asks for one completion; an engine (or a proxy) that streams it anyway is
+    read whole, so its deltas carry no time to first token (they were not seen as they came)."""
+    from usg.runtime.observer import Observer
+
+    seen: list[Any] = []
+
+    class Calls(Observer):
+        def node_finished(self, event: Any) -> None:
+            seen.extend(event.engine_calls)
+
+    with (
+        RunningEngine(StreamingFakeEngine(always_stream=True)) as engine,
+        Executor(load_graph(_graph(tmp_path, engine.url, stream="auto")), observers=[Calls()]) as ex,
+    ):
+        result = ex.infer_sync({"question": "two plus two"})
+    assert result.outputs == {"answer": "echo: two plus two"}
+    assert engine.completed == 1 and "stream" not in engine.bodies[0]
+    (call,) = seen
+    assert call.status == 200 and call.finish_reason == "stop"
+    assert call.first_token is None and call.token_gaps_s == () and call.completion_tokens == 4
 
 
 def test_a_text_only_prompt_is_built_on_the_event_loop(tmp_path: Path) -> None:

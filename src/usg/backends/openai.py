@@ -13,9 +13,14 @@ Options: ``url`` (the engine's base URL, with or without ``/v1``), ``model`` (el
 ``/v1/models`` where the engine reports it, as vLLM does), ``max_tokens`` (default 256),
 ``temperature``, ``endpoint`` (``chat`` or ``completions``: :mod:`usg.backends.openai_api`),
 ``tokenizer`` / ``hf_model`` / ``image_tokens`` (the token budget: :mod:`usg.backends.llm_budget`).
-``engine_stream`` (default true: ask the engine to stream, so token deltas reach streaming
-clients as they are generated, time to first token is measured, and a cancelled request closes
-the engine's stream, which stops its generation; false for an engine without streaming).
+``engine_stream``: ``auto`` (the default) asks the engine to stream when the caller streams (SSE,
+``generate_stream``, ``usg run --stream``: token deltas reach it as they are generated, time to
+first token and inter-token latency are measured) and for one whole completion when it does not
+(one read of the engine's answer instead of one wake-up per streamed chunk, as a client calling
+the engine directly would ask; a cancelled request closes its connection, which stops the
+generation in engines that watch for it, as vLLM does; ``transformers serve`` finishes it);
+``true`` always streams (time to first token for every request, and a cancelled request stops
+any engine that notices a closed stream); ``false`` never does (an engine without SSE).
 
 Input ``messages``: a list of chat messages (``usg.ops.llm:chat`` builds them), or a string
 (one user message; with ``endpoint: completions`` the prompt, e.g. from ``usg.ops.llm:complete``).
@@ -119,6 +124,21 @@ def _engine_message(resp: Any) -> str:
     return str(err)[:500]
 
 
+def _stream_mode(value: Any, name: str) -> bool | str:
+    """``options.engine_stream``: ``auto``, true or false."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise GraphError(
+        [
+            GraphProblem(
+                f"models.{name}.options.engine_stream",
+                f"{value!r} is not a stream mode",
+                "use auto (stream from the engine when the caller streams), true (always) or false (never)",
+            )
+        ]
+    )
+
+
 def _expand(value: Any, where: str) -> str:
     """``${VAR}`` in a url or model option, from the environment; an unset one is a graph error."""
     text = os.path.expandvars(str(value))
@@ -169,7 +189,7 @@ class OpenAIBackend(Backend):
         self.temperature = opts.get("temperature")
         self.endpoint = openai_api.check_endpoint(opts.get("endpoint"), self.name)
         self.budget = PromptBudget(opts, self.name)
-        self.engine_stream = bool(opts.get("engine_stream", True))
+        self.engine_stream = _stream_mode(opts.get("engine_stream", "auto"), self.name)
         #: requests at the engine now (at most max_inflight)
         self.inflight = 0
         declared = opts.get("max_model_len")
@@ -324,17 +344,27 @@ class OpenAIBackend(Backend):
         self, client: Any, body: dict[str, Any], on_token: Callable[[str], None] | None, timing: ItemTiming | None
     ) -> str:
         calls = timing.engine_calls if timing is not None else []
-        if not self.engine_stream:
+        if self.engine_stream is False or (self.engine_stream == "auto" and on_token is None):
             call = CallRecorder(self.name, self.url)
             try:
                 resp = await self._post(client, body)
                 call.answered(resp.status_code, resp.headers)
-                text = self._answer(resp)
-                call.chunk(resp.json())
+                if "text/event-stream" in resp.headers.get("content-type", ""):  # it streams anyway
+                    path = openai_api.ENDPOINTS[self.endpoint]
+                    reader = ChatStreamReader(call, f"model {self.name!r}: POST {path} at {self.url}", self.max_tokens)
+                    reader.feed(resp.content)
+                    text = reader.finish()
+                    call.first, call.gaps = None, []  # read at once: no token timing to report
+                else:
+                    text = self._answer(resp)
+                    call.chunk(resp.json())
             except USGError as exc:
                 if isinstance(exc, BackendError):  # the engine answered with this status
                     call.status = exc.status
                 call.error = str(exc)[:300]
+                raise
+            except asyncio.CancelledError:  # the request was cancelled: its connection to the engine is closed
+                call.error = "cancelled while the engine generated (one whole completion asked)"
                 raise
             finally:
                 calls.append(call.record())
