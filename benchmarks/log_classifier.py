@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from usg.doctor.findings import RootCause
 from usg.doctor.logs.classify import classify_text, root_error
 from usg.doctor.logs.corpus import LabelledCase, load_corpus
 from usg.doctor.logs.model import DEFAULT_CALIBRATION, Calibration, calibrate
@@ -80,7 +81,7 @@ def outcome(case: LabelledCase, index: CaseIndex | None, rules: bool = True, emb
     text = long_log(case.excerpt) if embed else case.excerpt
     findings = classify_text(text, "<corpus>", index=index, learned=index is not None)
     root = root_error(findings)
-    if root is None or root.code == "LOG000":
+    if root is None or root.root_cause is RootCause.UNCLASSIFIED:
         return "unclassified", "-"
     return ("right" if root.root_cause is case.root_cause else "wrong"), root.root_cause.value
 
@@ -108,7 +109,7 @@ def load_corpus_projects() -> set[str]:
 def rules_only(case: LabelledCase) -> bool:
     """True when the signature rules classify the excerpt (the learned layer is not reached)."""
     root = root_error(classify_text(case.excerpt, "<corpus>", learned=False))
-    return root is not None and root.code != "LOG000"
+    return root is not None and root.root_cause is not RootCause.UNCLASSIFIED
 
 
 def evaluate(

@@ -73,7 +73,7 @@ def main() -> None:
     per_project: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case in new:
         root = root_error(classify_text(case.excerpt, "<unseen>", index=index))
-        got = root.root_cause if root is not None and root.code != "LOG000" else None
+        got = root.root_cause if root is not None and root.root_cause is not RootCause.UNCLASSIFIED else None
         outcome = "unclassified" if got is None else ("right" if got is case.root_cause else "wrong")
         total[outcome] += 1
         per_project[case.project][outcome] += 1

@@ -19,7 +19,9 @@ How a log is read:
 6. :func:`root_error` picks the first root error of a long log (the first classified error that is
    not a generic cascade line such as "failed to load all models"); it is marked ``root_error``.
    A cascade line no rule knows is never given a class by the learned layer: it states a
-   consequence, so guessing its class would only stand in for the cause it follows.
+   consequence, so guessing its class would only stand in for the cause it follows. Nor is a
+   generic Python exception (``KeyError: 'x'``, ``AttributeError: ... has no attribute ...``)
+   whose message carries no cause vocabulary: it says where the code broke, not why.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
+from usg.doctor.logs.features import vocab_vector
 from usg.doctor.logs.rules import RULES, LogRule, codes
 from usg.doctor.registry import CodeInfo, finding, register_codes
 
@@ -75,6 +78,14 @@ _CASCADE = re.compile(
     r"core dumped|Error executing method|might cause deadlock|exited unexpectedly|see (?:the )?(?:above|previous)|"
     r"Webserver Crashed|terminate called",
     re.IGNORECASE,
+)
+
+# a Python exception of a generic kind (a missing key or attribute, a failed assert) states where the code broke,
+# not why: with no cause vocabulary in the message (memory, dtype, shape, version, ...) its cause is only in the
+# discussion, and the learned layer would guess from the spelling of a name
+_GENERIC_EXCEPTION = re.compile(
+    r"^\s*(?:[\w.]+\.)?(?:AttributeError|KeyError|IndexError|NameError|AssertionError|UnboundLocalError|"
+    r"RecursionError)\b|\bTypeError: 'NoneType' object"
 )
 
 _LOOKAHEAD = 4
@@ -227,6 +238,9 @@ def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex
     hint = "" if index is not None else " (pip install 'usg[doctor]' to match it against known real-world cases)"
     if index is not None and _CASCADE.search(head):  # "failed to load all models": a consequence, no cause to guess
         ev_head["cascade"] = True
+    elif index is not None and _GENERIC_EXCEPTION.search(head) and not any(vocab_vector(window)):
+        ev_head["generic_exception"] = True  # "KeyError: 'x'": where the code broke, not why
+        ev_head["similar_cases"] = [n.to_dict() for n in index.nearest(window, 3)]
     elif index is not None:
         from usg.doctor.logs.similar import causal_line, message_evidence
 
@@ -261,15 +275,22 @@ def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex
 def root_error(findings: Iterable[Finding]) -> Finding | None:
     """The first root error: the earliest classified error that is not a generic cascade line.
 
+    A finding is classified when it names a root cause: LOG000, and a rule that recognises a message
+    whose cause the message does not state (TensorRT's "no implementation for node"), are not.
     Errors come before warnings (a warning is the root only in a log without errors); without a
     classified one, the earliest unclassified error; None for a log without problems.
     """
     ranked = sorted(findings, key=lambda f: (f.severity is not Severity.ERROR, f.location.line or 0))
     errors = [f for f in ranked if f.severity in (Severity.ERROR, Severity.WARNING)]
+    recognised = None  # an earlier error a rule knows but whose cause the message does not state
     for f in errors:
         cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(str(f.evidence.get("line_text", "")))
-        if f.code != "LOG000" and not cascade:
+        if f.root_cause is not RootCause.UNCLASSIFIED and not cascade:
+            if f.code == LEARNED.code and recognised is not None:
+                return recognised  # a guess about what followed it does not name its cause either
             return _rule_below(f, errors) or f
+        if recognised is None and f.code != "LOG000" and f.severity is Severity.ERROR:
+            recognised = f
     return errors[0] if errors else None
 
 

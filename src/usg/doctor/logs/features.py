@@ -58,11 +58,22 @@ _DTYPE = re.compile(
 _QUOTED = re.compile(r"""(?<![\w])['"`]([^'"`\n]{1,80})['"`]""")
 
 
+# Triton names the model version in every load message ("failed to load 'm' version 1", "unable to autofill for 'm'
+# due to no version directories"): the number of a model in a repository, not a software version
+_MODEL_VERSION = re.compile(r"(?<=['\"]) version \d+\b", re.IGNORECASE)
+_NO_VERSION_DIR = re.compile(r"\bno version director(?:y|ies)\b", re.IGNORECASE)
+
+
+def _neutral(text: str) -> str:
+    return _NO_VERSION_DIR.sub("no modeldir", _MODEL_VERSION.sub(" modelver", text))
+
+
 def features_text(text: str) -> str:
     """The message as the vectorisers see it, with the values that differ from engine to engine made
     alike: paths reduced to file names; shapes, dtype names and quoted names (tensors, ops, models,
     files) to placeholder words; numbers and addresses too (their presence matters, their value
     rarely); plus one token per engine named."""
+    text = _neutral(text)
     out = _PATH.sub(lambda m: " " + m.group(1) + " ", text)
     out = _HEX.sub(" hexaddr ", out)
     out = _SHAPE.sub(" shapeval ", out)
@@ -75,6 +86,7 @@ def features_text(text: str) -> str:
 
 def vocab_vector(text: str) -> list[float]:
     """One 0/1 feature per error-vocabulary group (memory, dtype, shape, ...), unit-normalised."""
+    text = _neutral(text)
     v = [1.0 if rx.search(text) else 0.0 for rx in _VOCAB_RE.values()]
     norm = sum(x * x for x in v) ** 0.5
     return [x / norm for x in v] if norm else v

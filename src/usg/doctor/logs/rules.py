@@ -413,6 +413,46 @@ def _triton_shape(m: re.Match[str]) -> Explained:
     )
 
 
+@_rule(
+    "LOG064",
+    "triton",
+    "config tensor name the model does not have",
+    R.CONFIG_INVALID,
+    r"unexpected inference (?P<kind>input|output) '(?P<name>[^']+)', allowed (?:inputs|outputs) are: "
+    r"(?P<allowed>[^\n|]*[^\s|])",
+)
+def _triton_io_name(m: re.Match[str]) -> Explained:
+    allowed = [a.strip().strip("'\"") for a in m["allowed"].split(",") if a.strip()]
+    model = re.search(r"failed to load '(?P<model>[^']+)'", m.string)
+    kind = m["kind"]
+    return Explained(
+        f"config.pbtxt names {kind} {m['name']!r}, which the model file does not have (its {kind}s: "
+        f"{', '.join(allowed)})" + (f" — model {model['model']!r}" if model else ""),
+        f"rename the {kind} in config.pbtxt to the model's own name ({', '.join(allowed)}), or re-export the model "
+        f"with the {kind} named {m['name']!r}",
+        {"kind": kind, "name": m["name"], "allowed": allowed, "model": model["model"] if model else None},
+    )
+
+
+@_rule(
+    "LOG065",
+    "triton",
+    "model directory without a version subdirectory",
+    R.CONFIG_INVALID,
+    r"(?:unable to autofill for '(?P<model>[^']+)' )?due to no version directories|"
+    r"no version (?:sub)?director(?:y|ies) (?:found )?(?:for|in) (?:model )?'(?P<model2>[^']+)'",
+)
+def _no_version_dir(m: re.Match[str]) -> Explained:
+    model = m["model"] or m["model2"]
+    return Explained(
+        "the model directory" + (f" of {model!r}" if model else "") + " has no numeric version subdirectory: "
+        "Triton looks for the model file in <repository>/<model>/<version>/",
+        "put the model file in a version directory (e.g. " + (model or "<model>") + "/1/model.onnx) next to "
+        "config.pbtxt",
+        {"model": model},
+    )
+
+
 from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino, rules_ray  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_generic")  # cross-engine wording: after every engine's own rules

@@ -77,20 +77,31 @@ def _dynamo_op(m: re.Match[str]) -> Explained:
     "LOG016",
     "tensorrt",
     "no implementation for node",
-    R.UNSUPPORTED_OP,
+    R.UNCLASSIFIED,
     r"Could not find any implementation for node (?P<node>.+?)(?:\.\)|\)|, try|$)",
     also=(R.MEMORY,),
 )
 def _trt_impl(m: re.Match[str]) -> Explained:
+    """TensorRT found no tactic for a node. The message has several causes that it does not name itself (a
+    workspace too small for the tactics, a driver or TensorRT release too old for the GPU, a layer with no kernel
+    in the requested precision): only the memory wording beside it names one; otherwise it stays unclassified."""
     node = m["node"].strip()
     ws = "workspace" in m.string.lower() or "insufficient" in m.string.lower()
+    if ws:
+        return Explained(
+            f"TensorRT found no tactic for {node} within the workspace limit",
+            "raise the builder workspace (trtexec --memPoolSize=workspace:4096M / config.set_memory_pool_limit)",
+            {"node": node, "workspace_hint": True},
+            R.MEMORY,
+        )
     return Explained(
-        f"TensorRT found no tactic for {node}" + (" within the workspace limit" if ws else ""),
-        "raise the builder workspace (trtexec --memPoolSize=workspace:4096M / config.set_memory_pool_limit); "
-        "if that does not help, the layer's precision/shape is unsupported: build without --fp16/--int8 for "
-        "that layer or upgrade TensorRT",
-        {"node": node, "workspace_hint": ws},
-        R.MEMORY if ws else None,
+        f"TensorRT found no tactic for {node}; the message alone does not say why (too little workspace or "
+        "device memory, a driver/TensorRT release too old for this GPU, or a layer with no kernel in the "
+        "requested precision)",
+        "look for [W] lines about skipped tactics or insufficient memory above it (then raise the workspace: "
+        "trtexec --memPoolSize=workspace:4096M); otherwise update the driver and TensorRT, and build the layer "
+        "without --fp16/--int8",
+        {"node": node, "workspace_hint": False, "possible_causes": ["memory", "version_coupling", "unsupported_op"]},
     )
 
 
@@ -355,7 +366,7 @@ def _cuda_env(m: re.Match[str]) -> Explained:
     "engine build aborted (consequence)",
     R.UNCLASSIFIED,
     r"(?:Engine could not be created from network|Building engine failed|Engine set up failed"
-    r"|Assertion enginePtr != nullptr failed|&&&& FAILED TensorRT)",
+    r"|Assertion engine(?:Ptr)? != nullptr failed|&&&& FAILED TensorRT)",
     Severity.WARNING,
 )
 def _trt_aborted(m: re.Match[str]) -> Explained:
