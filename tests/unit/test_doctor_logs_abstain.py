@@ -139,7 +139,8 @@ def test_triton_model_version_is_not_version_vocabulary() -> None:
         # sgl-project/sglang#165 (the thread: out of memory, visible only in the discussion)
         "AttributeError: 'NoneType' object has no attribute 'cpu'",
         # sgl-project/sglang#88 (the thread: an older sglang runtime)
-        "    prefix_rid = backend.cache_prefix(prefix)\nAttributeError: 'Runtime' object has no attribute 'cache_prefix'",
+        "    prefix_rid = backend.cache_prefix(prefix)\n"
+        "AttributeError: 'Runtime' object has no attribute 'cache_prefix'",
         # Tencent-Hunyuan/Hunyuan-7B#3 (the thread: a transformers release without the model type)
         "KeyError: 'hunyuan_v1_dense'",
     ],
