@@ -123,11 +123,15 @@ async def one_round(
     }
 
 
-async def run(sidecar: Path, rounds: int, duration: float, clients: int, gated: bool = False) -> None:
+async def run(
+    sidecar: Path, rounds: int, duration: float, clients: int, gated: bool = False, only: list[str] | None = None
+) -> None:
     written = load_graph(GRAPH, export_missing=True)
     variants = {"written": written, "fixed": fixed(written), "tuned": apply_sidecar(written, sidecar)}
     if gated:  # the graph as written with the executor's cap on CPU-bound calls in flight
         variants["gated"] = written
+    if only:
+        variants = {k: v for k, v in variants.items() if k in only}
     inputs = [{"image": d} for d in documents()]
     results: dict[str, list[dict]] = {k: [] for k in variants}
     for r in range(rounds):
@@ -146,7 +150,8 @@ async def run(sidecar: Path, rounds: int, duration: float, clients: int, gated: 
                 for t, model, cap, wait, reason in res["decisions"]:
                     when = "  end" if t == float("inf") else f"{t:5.1f}s"
                     print(f"    {when} {model:<8} cap {cap:>2} wait {wait:4.1f} ms  {reason}", flush=True)
-    same = all(res["text"] == results["written"][0]["text"] for rs in results.values() for res in rs)
+    first = next(iter(results.values()))[0]["text"]
+    same = all(res["text"] == first for rs in results.values() for res in rs)
     print(f"\nDocument graph, {clients} clients, {rounds} rounds x {duration:g} s (embedded engine)")
     print(f"{'variant':<12}{'req/s (median)':>16}{'min':>8}{'max':>8}{'p95 ms (median)':>17}{'n total':>9}")
     med = {}
@@ -164,6 +169,7 @@ async def run(sidecar: Path, rounds: int, duration: float, clients: int, gated: 
         for key in ("rps", "det_s")
         for a, b in (("written", "tuned"), ("fixed", "tuned"), ("written", "fixed"))
         + ((("written", "gated"),) if gated else ())
+        if a in results and b in results
     ]
     for a, b, key in pairs:
         per_round = [x[key] / y[key] if y[key] else float("nan") for x, y in zip(results[a], results[b], strict=True)]
@@ -183,12 +189,22 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--gated", action="store_true", help="also the graph as written with Executor(cpu_slots=None)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated subset of written,fixed,tuned,gated to run (default: all; e.g. written,tuned "
+        "for shorter runs to alternate between two source trees)",
+    )
     args = ap.parse_args()
+    only = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(only) - {"written", "fixed", "tuned", "gated"})
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, gated")
     if not args.sidecar.exists():
         raise SystemExit(
             f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"
         )
-    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients, args.gated))
+    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients, args.gated or "gated" in only, only))
 
 
 if __name__ == "__main__":

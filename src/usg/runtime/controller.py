@@ -30,6 +30,15 @@ a move, or the current bin's cost drifting by more than the hysteresis from what
 the cap settled, resets the gap (that is how it reacts to a change in cost). A larger cap
 is probed only when the queue held enough items to fill it.
 
+Start. A fresh controller decides every ``start_window`` (4) calls instead of every ``window``,
+and probes each smaller cap once, one after the other (a smaller cap that calls showed cheaper
+first, else the smallest), each from a home window that re-measures the current cap: a lost probe
+does not lengthen the gap while some smaller cap is unprobed, and caps measured far worse are
+probed anyway (a cap's first calls include those of the warm-up, whose costs are not yet the
+steady ones). When no smaller cap is left unprobed the windows become ``window`` calls. A whole
+server round builds a fresh executor: on the document graph, rec's calls at the declared cap 8
+come at about one a second, so 12-call windows kept the declared cap for 10-20 s.
+
 Latency. With ``target_p95_ms`` the p95 of (queue wait + call time) over the window is kept
 under the target: above it the wait halves, then the cap steps down (and is not raised again
 by cost until the p95 is below half the target). At cap 1 the wait is 0 (nothing to wait for).
@@ -112,6 +121,7 @@ class BatchController:
         *,
         clock: Callable[[], float] = time.monotonic,
         window: int = 12,
+        start_window: int = 4,
         min_samples: int = 4,
         hysteresis: float = 0.05,
         alpha: float = 0.25,
@@ -126,6 +136,7 @@ class BatchController:
         self.sizes = candidate_sizes(policy)
         self.clock = clock
         self.window = max(1, window)
+        self.start_window = max(1, min(start_window, self.window))
         self.min_samples = max(1, min_samples)
         self.hysteresis = hysteresis
         self.alpha = alpha
@@ -152,6 +163,7 @@ class BatchController:
         self._probed: dict[int, int] = {}  # cap index -> the window it was last probed
         self._changed = -1  # the window in which the cap last changed (a move, a probe, its end)
         self._item_elements: float | None = None  # mean input elements per item (EWMA)
+        self._starting = True  # short windows, each smaller cap probed once (the module docstring's "Start")
         self._record("start: declared values")
 
     # -- what the batcher asks -----------------------------------------------------------
@@ -180,8 +192,13 @@ class BatchController:
         self._bins[b].add(self._unit_cost(event), self.alpha, self._windows)
         self._latencies.extend(q + event.compute_ms for q in event.queue_ms)
         self._events += 1
-        if self._events >= self.window:
+        if self._events >= (self.start_window if self._starting else self.window):
             self._decide()
+
+    @property
+    def starting(self) -> bool:
+        """Whether the start sweep (short windows, every smaller cap probed once) is still on."""
+        return self._starting
 
     def _unit_cost(self, event: BatchEvent) -> float:
         """The call's cost per item (CPU ms when the backend reports it, else wall ms), per
@@ -282,6 +299,8 @@ class BatchController:
         fill). Smaller caps are all candidates, not only the neighbour: per-item cost can be flat
         between neighbours and fall further down (rec here: 62 ms at 4, 60 at 2, 52 at 1)."""
         here = self._bins[self._i].cost
+        if self._starting and self._sweep(here):
+            return
         hinted = [
             j
             for j in range(self._i - 1)
@@ -302,11 +321,39 @@ class BatchController:
             j = min(allowed, key=lambda j: (self._probed.get(j, -1), j))
         else:
             return
+        self._start_probe(j)
+
+    def _sweep(self, here: float | None) -> bool:
+        """The start sweep: probe the next smaller cap not probed yet (one that calls showed
+        cheaper first, else the smallest), whatever it was measured at before; False, and the
+        start over, when none is left or after ``4 * len(sizes)`` windows."""
+        todo = [j for j in range(min(self._i, self._ceiling + 1)) if j not in self._probed]
+        if not todo or self._windows > 4 * len(self.sizes):
+            self._starting = False
+            return False
+        hinted = [
+            j
+            for j in todo
+            if here is not None
+            and self._bins[j].samples >= 2
+            and (self._bins[j].cost or 0.0) < here * (1 - self.hysteresis)
+        ]
+        self._start_probe(min(hinted, key=lambda j: self._bins[j].cost or 0.0) if hinted else todo[0])
+        return True
+
+    def _start_probe(self, j: int) -> None:
         self._probed[j] = self._windows
         self._bins[j] = _Bin()  # measure it afresh
         self._probe_from, self._i, self._probe_windows = self._i, j, 0
         self._changed = self._windows
         self._record(f"probe {self.cap} (from {self.sizes[self._probe_from]})")
+
+    def _back_off(self) -> None:
+        """After a probe that lost or found no calls: double the gap to the next probe (not during
+        the start sweep, which goes on to the next smaller cap after one window at home)."""
+        if not self._starting:
+            self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
+        self._next_probe = self._windows + self._probe_gap
 
     def _worth_probing(self, j: int, here: float | None) -> bool:
         """Whether cap ``j`` may be probed: not when it was measured within ``max_probe_gap``
@@ -328,12 +375,19 @@ class BatchController:
         self._probe_windows += 1
         if there is None and self._probe_windows < 2:
             return  # not enough calls at the probed cap yet
+        if (
+            there is not None
+            and back is not None
+            and self._probe_windows < 3
+            and there < back * (1 - self.hysteresis)
+            and not self._cheaper(probed, home)
+        ):
+            return  # cheaper by the hysteresis but not yet by three times the noise: one more window
         self._probe_from = None
         self._changed = self._windows
         if there is None:  # traffic fell: calls do not fill the probed cap, so it cannot be measured
             self._i = home
-            self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
-            self._next_probe = self._windows + self._probe_gap
+            self._back_off()
             self._record(f"probe abandoned: no calls filled cap {self.sizes[probed]}")
             return
         if back is None or self._cheaper(probed, home):
@@ -345,8 +399,7 @@ class BatchController:
             self._record(f"probe won: per-item {self._ms(there)} at {self.cap} < {cost} at {self.sizes[home]}")
             return
         self._i = home
-        self._probe_gap = min(self.max_probe_gap, self._probe_gap * 2)
-        self._next_probe = self._windows + self._probe_gap
+        self._back_off()
         self._settled_cost = back
         self._record(
             f"probe lost: per-item {self._ms(there)} at {self.sizes[probed]} vs {self._ms(back)} at {self.cap}"
