@@ -278,7 +278,10 @@ class BatchController:
                 self._move(j, f"calls reach {self.sizes[j]} items at most: cap {self.cap} -> {self.sizes[j]}")
             return
         drift = abs(here - self._settled_cost) if self._settled_cost is not None else 0.0
-        noise = 2 * self._bins[self._i].stderr(self.alpha)
+        # three times the noise of the difference of two such means (the settled cost was one too):
+        # at twice one mean's noise, rec's +-10% calls "drifted" every ~5 windows and re-opened
+        # probing of 2 each time (a third of the items ran at 2 in simulation)
+        noise = 3 * math.sqrt(2) * self._bins[self._i].stderr(self.alpha)
         if self._settled_cost is not None and drift > max(self.hysteresis * self._settled_cost, noise):
             self._probe_gap, self._next_probe = 1, self._windows  # cost changed: look around now
             self._settled_cost = here
