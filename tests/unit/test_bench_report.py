@@ -139,7 +139,7 @@ def test_breakdown_shows_each_batching_models_cap_and_what_its_controller_did():
     obs = BreakdownObserver()
     obs.bind_runners({"rec": on, "cls": off})
     obs.reset()
-    for _ in range(12):  # one decision window of calls whose cost is flat: the cap stays
+    for _ in range(4):  # one decision window (a fresh controller's are 4 calls): the cap stays, one probe starts
         on.controller.observe(BatchEvent("rec", 8, 8, 0, 0, (0.0,) * 8, 8.0, True))
         obs.batch_finished(BatchEvent("rec", 8, 8, 0, 0, (0.0,) * 8, 8.0, True))
     obs.batch_finished(BatchEvent("cls", 4, 4, 0, 0, (0.0,) * 4, 1.0, True))
