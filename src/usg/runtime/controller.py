@@ -19,7 +19,8 @@ the settled cap left within ``recent_windows`` windows takes twice the hysteresi
 counts as measured in a window only with two calls or more, none of them formed before the
 cap last changed (with two calls in flight, one formed at the old cap ends after the change):
 so two caps whose costs are close do not take turns. A cap it has not measured just now is
-*probed*: the cap moves there for one window, and the next decision keeps it or goes back —
+*probed*: the cap moves there for one window (up to three while it is cheaper by the hysteresis
+but not yet by three times the noise), and the next decision keeps it or goes back —
 a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 with a call of
 1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
@@ -165,7 +166,6 @@ class BatchController:
         self._probed: dict[int, int] = {}  # cap index -> the window it was last probed
         self._changed = -1  # the window in which the cap last changed (a move, a probe, its end)
         self._item_elements: float | None = None  # mean input elements per item (EWMA)
-        self._drifted = 0  # consecutive windows whose cost left the settled cost's band
         self._starting = True  # short windows, each smaller cap probed once (the module docstring's "Start")
         self._record("start: declared values")
 
