@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -46,6 +47,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _machine_cpu_s() -> float:
+    """CPU seconds every process of the machine spent so far (user + system, all cores)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -155,6 +164,7 @@ def _measure(
             idle = {k: (v - before.get(k, 0.0)) * 1e3 / spent for k, v in after.items() if v > before.get(k, 0.0)}
         cpu0, served0, bytes0 = _tree_cpu_s(server.pid), _served(port), _remote_bytes(port)
         roles0 = _tree_cpu_by_role(server.pid)
+        machine0, client0 = _machine_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
             [
                 str(USG),
@@ -175,10 +185,16 @@ def _measure(
             check=True,
         )
         result: dict[str, Any] = json.loads(out.stdout)["results"][0]
+        client1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the bench client (the only child that ended)
+        client_s = client1.ru_utime + client1.ru_stime - client0.ru_utime - client0.ru_stime
+        machine_s = _machine_cpu_s() - machine0
         # CPU of the server and every process it started (Ray's GCS, raylet, replicas) per request
         # it answered (warm-up included): what the engine costs, whatever else runs on the machine
         served = _served(port) - served0
         result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
+        # where the rest of the machine's CPU went meanwhile: the load generator, everything else
+        result["client_cpu_ms_per_request"] = client_s * 1e3 / max(1, served)
+        result["machine_cpu_ms_per_request"] = machine_s * 1e3 / max(1, served)
         roles = _tree_cpu_by_role(server.pid)
         result["cpu_ms_by_role"] = {
             k: (v - roles0.get(k, 0.0)) * 1e3 / max(1, served) for k, v in roles.items() if v > roles0.get(k, 0.0)
@@ -276,6 +292,11 @@ def main() -> None:
                 )
             by_role = sorted(res["cpu_ms_by_role"].items(), key=lambda kv: -kv[1])
             print(f"      {label} CPU ms/request by process: " + ", ".join(f"{k} {v:.0f}" for k, v in by_role))
+            other = res["machine_cpu_ms_per_request"] - res["cpu_ms_per_request"] - res["client_cpu_ms_per_request"]
+            print(
+                f"      {label} CPU ms/request elsewhere: load generator {res['client_cpu_ms_per_request']:.0f}, "
+                f"other processes of the machine {other:.0f}"
+            )
 
         pairs: list[tuple[str, tuple[str, str], tuple[str, str]]] = []
         if len(engines) == 2:  # ray / embedded within each variant
