@@ -224,7 +224,9 @@ def _variants(trees: list[str], envs: list[str]) -> dict[str, dict[str, str]]:
         name, sep, pair = spec.partition("=")
         key, sep2, value = pair.partition("=")
         if not sep or not sep2 or not name or not key:
-            raise SystemExit(f"--env {spec!r}: expected NAME=KEY=VALUE, e.g. --env quiet=RAY_SERVE_LOG_LEVEL=0")
+            raise SystemExit(
+                f"--env {spec!r}: expected NAME=KEY=VALUE, e.g. --env slow=RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1"
+            )
         out.setdefault(name, {})[key] = value
     return out or {"": {}}
 
