@@ -88,3 +88,20 @@ def test_only_remote_readers_get_a_placeholder() -> None:
     # a graph output is sent to the client: computed, even though the only model reading it is remote
     out = run(det_graph(export_x=True), Remote(seen), image)
     assert not is_placeholder(out["x"]) and np.array_equal(out["x"], expected)
+
+
+def test_nothing_is_deferred_while_an_observer_reads_node_values() -> None:
+    from usg.runtime.observer import Observer
+
+    class Reader(Observer):
+        def __init__(self) -> None:
+            self.x: Any = None
+
+        def request_values(self, request_id: str, inputs: Any, nodes: Any) -> None:
+            self.x = nodes["det_pre"]["x"]
+
+    image, reader = page(300, 500), Reader()
+    with Executor(det_graph(), backends={"det": Remote(seen)}, cache=False) as ex:
+        ex.observers.append(reader)  # added after start, as a server adds its monitor
+        assert ex.infer_sync({"image": image}).outputs["seen"].tolist() == [False]
+    assert np.array_equal(reader.x, det_preprocess(image)["x"])

@@ -151,8 +151,8 @@ class Executor:
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():
             await runner.start()
-        if not self._observers_read_values:  # usg.runtime.deferral: arrays this process only sends
-            self._deferred = deferred_ports(self.graph, self._backends, cached=self.cache is not None)
+        # usg.runtime.deferral: arrays this process only sends (not while an observer reads node values)
+        self._deferred = deferred_ports(self.graph, self._backends, cached=self.cache is not None)
         for node in self.graph.nodes.values():
             if node.fn is not None:
                 # an override (a node run elsewhere) is called instead and never imports the
@@ -498,7 +498,7 @@ class Executor:
         opts = dict(self._fn_opts[node.name])
         opts.update(stream.node_params(node.name, names))
         loop = asyncio.get_running_loop()
-        sent = self._deferred.get(node.name)
+        sent = self._deferred.get(node.name) if self._deferred and not self._observers_read_values else None
         call = call_fn if sent is None else functools.partial(call_deferring, sent)
         if not node.map:
             inline = self._fn_inline.get(node.name)
