@@ -97,13 +97,18 @@ def _stop_log_monitor() -> None:
     do so — 22 ms of CPU a second with no request (benchmarks/README.md, "Session 9"). The logs
     stay in the session directory's files, where ``ray logs`` and a dashboard read them."""
     try:
-        from ray._private import worker
+        from ray._private import ray_constants, worker
 
         node = worker._global_node
-        if node is not None:
-            node.kill_log_monitor(check_alive=False)
-    except Exception as exc:  # a Ray without this internal: the monitor keeps running, harmlessly
+        if node is None:
+            return
+        infos = node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, [])
+        procs = [info.process for info in infos]
+        node.kill_log_monitor(check_alive=False)  # (Ray forgets its Popen: wait for it here)
+    except Exception as exc:  # a Ray without these internals: the monitor keeps running, harmlessly
         log.debug("could not stop Ray's log monitor: %s", exc)
+        return
+    _reap(procs, timeout_s=5.0)
 
 
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
