@@ -120,20 +120,20 @@ def test_the_private_ray_runs_quiet(graph: Graph, ray_url: str) -> None:
     monitor process, and Serve's controller runs with the slower loop; no deployment writes an
     access-log line per call."""
     import psutil
+    from ray._private import worker
+    from ray.serve.context import _get_global_client
 
     from usg.scale.ray_app import PRIVATE_RAY_ENV
 
-    procs = psutil.Process().children(recursive=True)
-    titles = [" ".join(p.cmdline()) for p in procs if p.is_running()]
-    assert any("gcs_server" in t for t in titles), titles  # this is the private Ray's tree
-    assert not [t for t in titles if "log_monitor" in t]
-    (controller,) = [p for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::ServeController")]
-    env = controller.environ()
+    session = worker._global_node.get_session_dir_path()  # this private Ray's (an e2e test's cluster may run too)
+    titles = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+    assert any("gcs_server" in t and session in t for t in titles), (session, titles)
+    assert not [t for t in titles if "log_monitor" in t and session in t]
+    client = _get_global_client()
+    pid = ray.get(client._controller.__ray_call__.remote(lambda _self: os.getpid()))
+    env = psutil.Process(pid).environ()
     for key, value in PRIVATE_RAY_ENV.items():
         assert env.get(key) == value, key
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client()
     for name in serve.status().applications[graph.name].deployments:
         info, _route = client.get_deployment_info(name, graph.name)
         assert info.deployment_config.logging_config["enable_access_log"] is False, name
