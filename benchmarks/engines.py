@@ -8,6 +8,16 @@ request, and the ratios ray / embedded per round. On one machine the Ray engine
 pays a process hop per model call; this measures what that costs before you need it.
 
 Run: python benchmarks/engines.py [--concurrency 8] [--duration 20] [--rounds 2] [--graph PATH]
+
+A/B of server variants in the same run (each variant's processes alternate with the others' in
+every round, the order reversed each round):
+  --tree NAME=SRC    a variant whose `usg serve` runs the usg package of SRC (its PYTHONPATH),
+                     e.g. --tree main=/work/main/src --tree new=/work/wt-x/src
+  --env NAME=K=V     an environment variable of variant NAME's server (a variant of its own if
+                     no --tree names it), e.g. --env quiet=RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1
+  --engine ray       measure one engine only (default: both, with the ratio ray / embedded)
+  --idle 10          before the load, the CPU each process of the server burns per second with
+                     no request at all (Ray's daemons, polling replicas)
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -38,6 +49,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _machine_cpu_s() -> float:
+    """CPU seconds every process of the machine spent so far (user + system, all cores)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
+
+
 def _tree_cpu_s(pid: int) -> float:
     import psutil
 
@@ -55,8 +74,10 @@ def _tree_cpu_s(pid: int) -> float:
 def _role(cmdline: list[str]) -> str:
     """What a process of the server's tree is: a replica (by deployment), a Ray daemon, the server."""
     head = cmdline[0] if cmdline else "?"
-    if head.startswith("ray::"):  # Ray sets a worker's title: ray::ServeReplica:app:deployment
-        name = head.split()[0]
+    if head.startswith("ray::"):
+        # Ray sets a worker's title to its actor and the method it runs now:
+        # ray::ServeReplica:app:deployment[.method], ray::ServeController[.listen_for_change]
+        name = head.split()[0].split(".", 1)[0]  # deployment names have no "." (deployment_name)
         return "replica " + name.rsplit(":", 1)[-1] if name.startswith("ray::ServeReplica") else name
     joined = " ".join(cmdline)
     for daemon in ("gcs_server", "raylet", "dashboard", "log_monitor", "runtime_env", "ray.util.client", "monitor.py"):
@@ -103,7 +124,15 @@ def _remote_bytes(port: int) -> dict[str, float]:
 
 
 def _measure(
-    engine: str, graph: Path, concurrency: int, duration: float, warmup: float, port: int | None = None
+    engine: str,
+    graph: Path,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    port: int | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
     port = port or _free_port()
     log = Path(tempfile.gettempdir()) / f"usg-engines-{engine}-{port}.log"
@@ -113,6 +142,7 @@ def _measure(
             [str(USG), "serve", str(graph), "--engine", engine, "--port", str(port), "--max-inflight=256", *NO_CACHE],
             stdout=fh,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
     try:
         deadline = time.monotonic() + 180
@@ -125,8 +155,16 @@ def _measure(
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
+        idle: dict[str, float] = {}
+        if idle_s > 0:  # CPU per second of each process with no request in flight
+            time.sleep(2.0)  # let the start-up settle
+            before, t0 = _tree_cpu_by_role(server.pid), time.monotonic()
+            time.sleep(idle_s)
+            after, spent = _tree_cpu_by_role(server.pid), time.monotonic() - t0
+            idle = {k: (v - before.get(k, 0.0)) * 1e3 / spent for k, v in after.items() if v > before.get(k, 0.0)}
         cpu0, served0, bytes0 = _tree_cpu_s(server.pid), _served(port), _remote_bytes(port)
         roles0 = _tree_cpu_by_role(server.pid)
+        machine0, client0 = _machine_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
             [
                 str(USG),
@@ -147,14 +185,21 @@ def _measure(
             check=True,
         )
         result: dict[str, Any] = json.loads(out.stdout)["results"][0]
+        client1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the bench client (the only child that ended)
+        client_s = client1.ru_utime + client1.ru_stime - client0.ru_utime - client0.ru_stime
+        machine_s = _machine_cpu_s() - machine0
         # CPU of the server and every process it started (Ray's GCS, raylet, replicas) per request
         # it answered (warm-up included): what the engine costs, whatever else runs on the machine
         served = _served(port) - served0
         result["cpu_ms_per_request"] = (_tree_cpu_s(server.pid) - cpu0) * 1e3 / max(1, served)
+        # where the rest of the machine's CPU went meanwhile: the load generator, everything else
+        result["client_cpu_ms_per_request"] = client_s * 1e3 / max(1, served)
+        result["machine_cpu_ms_per_request"] = machine_s * 1e3 / max(1, served)
         roles = _tree_cpu_by_role(server.pid)
         result["cpu_ms_by_role"] = {
             k: (v - roles0.get(k, 0.0)) * 1e3 / max(1, served) for k, v in roles.items() if v > roles0.get(k, 0.0)
         }
+        result["idle_cpu_ms_per_s_by_role"] = idle
         moved = _remote_bytes(port)
         for via in ("object_store", "grpc"):
             result[f"{via}_mb_per_request"] = (moved.get(via, 0.0) - bytes0.get(via, 0.0)) / 1e6 / max(1, served)
@@ -167,6 +212,25 @@ def _measure(
             server.kill()
 
 
+def _variants(trees: list[str], envs: list[str]) -> dict[str, dict[str, str]]:
+    """Variant name -> the environment its servers get (PYTHONPATH from --tree, --env pairs)."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in trees:
+        name, sep, src = spec.partition("=")
+        if not sep or not name or not src:
+            raise SystemExit(f"--tree {spec!r}: expected NAME=SRC, e.g. --tree main=/work/main/src")
+        out.setdefault(name, {})["PYTHONPATH"] = str(Path(src).resolve())
+    for spec in envs:
+        name, sep, pair = spec.partition("=")
+        key, sep2, value = pair.partition("=")
+        if not sep or not sep2 or not name or not key:
+            raise SystemExit(
+                f"--env {spec!r}: expected NAME=KEY=VALUE, e.g. --env slow=RAY_SERVE_CONTROL_LOOP_INTERVAL_S=1"
+            )
+        out.setdefault(name, {})[key] = value
+    return out or {"": {}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", type=Path, default=ROOT / "examples" / "document_ocr" / "graph.yaml")
@@ -176,38 +240,81 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-cache-flag", choices=["on", "off"], default="on")
     ap.add_argument("--port", type=int, default=None, help="the servers' HTTP port (default: a free one)")
+    ap.add_argument("--engine", choices=["both", "embedded", "ray"], default="both")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=SRC", help="a variant's usg source tree")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=KEY=VALUE", help="a variant's env variable")
+    ap.add_argument("--idle", type=float, default=0.0, metavar="S", help="measure CPU per second with no load first")
     args = ap.parse_args()
     if args.no_cache_flag == "off":
         NO_CACHE.clear()
     os.environ.setdefault("USG_CACHE", str(Path.home() / ".cache" / "usg"))
+    variants = _variants(args.tree, args.env)
+    for name, env in variants.items():
+        if name:
+            print(f"variant {name}: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "(as is)"))
+    engines = ["embedded", "ray"] if args.engine == "both" else [args.engine]
+    runs = [(v, e) for v in variants for e in engines]
     print(
-        f"{'round':>5} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} {'CPU ms/req':>10} "
-        f"{'MB/req store':>12} {'MB/req gRPC':>11}"
+        f"{'round':>5} {'variant':>10} {'engine':>9} {'req/s':>7} {'p50 ms':>8} {'p95 ms':>8} {'errors':>6} "
+        f"{'CPU ms/req':>10} {'MB/req store':>12} {'MB/req gRPC':>11}"
     )
-    ratios, cpu_ratios = [], []
+    ratios: dict[str, list[float]] = {}
+    cpu_ratios: dict[str, list[float]] = {}
+    first = runs[0]
     for r in range(1, args.rounds + 1):
-        order = ["embedded", "ray"] if r % 2 else ["ray", "embedded"]
-        got = {}
-        for engine in order:
-            res = _measure(engine, args.graph, args.concurrency, args.duration, args.warmup, args.port)
-            got[engine] = res
+        order = runs if r % 2 else runs[::-1]
+        got: dict[tuple[str, str], dict[str, Any]] = {}
+        for variant, engine in order:
+            res = _measure(
+                engine,
+                args.graph,
+                args.concurrency,
+                args.duration,
+                args.warmup,
+                args.port,
+                env=variants[variant],
+                idle_s=args.idle,
+            )
+            got[(variant, engine)] = res
             res = {k: (float("nan") if v is None else v) for k, v in res.items()}  # nothing completed
             print(
-                f"{r:>5} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} {res['p95_ms']:>8.0f} "
-                f"{res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} "
-                f"{res['object_store_mb_per_request']:>12.2f} {res['grpc_mb_per_request']:>11.2f}"
+                f"{r:>5} {variant or '-':>10} {engine:>9} {res['throughput_rps']:>7.2f} {res['p50_ms']:>8.0f} "
+                f"{res['p95_ms']:>8.0f} {res['errors']:>6} {res['cpu_ms_per_request']:>10.0f} "
+                f"{res['object_store_mb_per_request']:>12.2f} {res['grpc_mb_per_request']:>11.2f}",
+                flush=True,
             )
-        for engine, res in got.items():
+        for (variant, engine), res in got.items():
+            label = f"{variant} {engine}".strip()
+            if res["idle_cpu_ms_per_s_by_role"]:
+                idle = sorted(res["idle_cpu_ms_per_s_by_role"].items(), key=lambda kv: -kv[1])
+                total = sum(v for _, v in idle)
+                print(
+                    f"      {label} idle CPU ms/s by process (total {total:.0f}): "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in idle)
+                )
             by_role = sorted(res["cpu_ms_by_role"].items(), key=lambda kv: -kv[1])
-            print(f"      {engine} CPU ms/request by process: " + ", ".join(f"{k} {v:.0f}" for k, v in by_role))
-        ratio = got["ray"]["throughput_rps"] / max(1e-9, got["embedded"]["throughput_rps"])
-        ratios.append(ratio)
-        cpu = got["embedded"]["cpu_ms_per_request"] / max(1e-9, got["ray"]["cpu_ms_per_request"])
-        cpu_ratios.append(cpu)
-        print(f"{r:>5} ray / embedded throughput = {ratio:.2f}x; embedded / ray CPU per request = {cpu:.2f}x")
-    ratios.sort()
-    print(f"median ray / embedded over {len(ratios)} round(s): {statistics.median(ratios):.2f}x")
-    print(f"median embedded / ray CPU per request: {statistics.median(cpu_ratios):.2f}x")
+            print(f"      {label} CPU ms/request by process: " + ", ".join(f"{k} {v:.0f}" for k, v in by_role))
+            other = res["machine_cpu_ms_per_request"] - res["cpu_ms_per_request"] - res["client_cpu_ms_per_request"]
+            print(
+                f"      {label} CPU ms/request elsewhere: load generator {res['client_cpu_ms_per_request']:.0f}, "
+                f"other processes of the machine {other:.0f}"
+            )
+
+        pairs: list[tuple[str, tuple[str, str], tuple[str, str]]] = []
+        if len(engines) == 2:  # ray / embedded within each variant
+            pairs += [(f"{v + ': ' if v else ''}ray / embedded", (v, "ray"), (v, "embedded")) for v in variants]
+        pairs += [(f"{v} / {first[0]} ({e})", (v, e), (first[0], e)) for v, e in runs if v != first[0]]
+        for label, a, b in pairs:
+            ratio = float(got[a]["throughput_rps"] or 0.0) / max(1e-9, float(got[b]["throughput_rps"] or 0.0))
+            cpu_ratio = float(got[b]["cpu_ms_per_request"]) / max(1e-9, float(got[a]["cpu_ms_per_request"]))
+            ratios.setdefault(label, []).append(ratio)
+            cpu_ratios.setdefault(label, []).append(cpu_ratio)
+            print(f"{r:>5} {label} throughput = {ratio:.2f}x; CPU per request, inverse = {cpu_ratio:.2f}x")
+    for label, values in ratios.items():
+        print(
+            f"median {label} over {len(values)} round(s): throughput {statistics.median(values):.2f}x "
+            f"({', '.join(f'{v:.2f}' for v in values)}); CPU per request {statistics.median(cpu_ratios[label]):.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ def ray_url(graph: Graph, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             mp.delenv(var, raising=False)
         # the replicas import the test graphs' node functions (testops)
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(RESOURCES), os.environ.get("PYTHONPATH")])))
+        from usg.scale.ray_app import PRIVATE_RAY_ENV
+
+        had = {k for k in PRIVATE_RAY_ENV if k in os.environ}
         connect_ray(num_cpus=2)
         try:
             url = deploy_graph(graph, ServeConfig(max_inflight=64, timeout_s=120), port=free_port(), timeout_s=120)
@@ -83,6 +86,7 @@ def ray_url(graph: Graph, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         finally:
             shutdown_ray()
         assert "RAY_AUTH_TOKEN" not in os.environ  # the private token went with the private Ray
+        assert {k for k in PRIVATE_RAY_ENV if k in os.environ} == had  # and so did its settings
     # (ONNX Runtime itself writes ~/.cache/Microsoft/DeveloperTools/.onnxruntime, in-process too)
     assert not (home / ".ray").exists(), sorted(str(p) for p in home.rglob("*"))
 
@@ -109,6 +113,30 @@ def test_deployments_follow_the_graph(graph: Graph, ray_url: str) -> None:
     assert all(d.status == "HEALTHY" for d in app.deployments.values()), app.deployments
     for name in ("model-det", "model-rec"):
         assert app.deployments[name].replica_states.get("RUNNING", 0) == 2, app.deployments[name]
+
+
+def test_the_private_ray_runs_quiet(graph: Graph, ray_url: str) -> None:
+    """What connect_ray keeps quiet on a private Ray (usg.scale.ray_app.PRIVATE_RAY_ENV): no log
+    monitor process, and Serve's controller runs with the slower loop; no deployment writes an
+    access-log line per call."""
+    import psutil
+    from ray._private import worker
+    from ray.serve.context import _get_global_client
+
+    from usg.scale.ray_app import PRIVATE_RAY_ENV
+
+    session = worker._global_node.get_session_dir_path()  # this private Ray's (an e2e test's cluster may run too)
+    titles = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+    assert any("gcs_server" in t and session in t for t in titles), (session, titles)
+    assert not [t for t in titles if "log_monitor" in t and session in t]
+    client = _get_global_client()
+    pid = ray.get(client._controller.__ray_call__.remote(lambda _self: os.getpid()))
+    env = psutil.Process(pid).environ()
+    for key, value in PRIVATE_RAY_ENV.items():
+        assert env.get(key) == value, key
+    for name in serve.status().applications[graph.name].deployments:
+        info, _route = client.get_deployment_info(name, graph.name)
+        assert info.deployment_config.logging_config["enable_access_log"] is False, name
 
 
 def test_outputs_equal_the_in_process_executor(graph: Graph, ray_url: str, documents: list[np.ndarray]) -> None:

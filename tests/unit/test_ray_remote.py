@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -302,3 +303,39 @@ def test_a_derived_array_travels_as_its_source_and_arrives_equal() -> None:
     np.testing.assert_array_equal(back, x)
     assert payload_bytes({"x": x}) == image.nbytes + 8  # the image and det's limit_side_len
     assert len(pickle.dumps(x[:, :1], protocol=5)) > x[:, :1].nbytes  # a view is a plain array again
+
+
+def test_a_private_ray_gets_its_quiet_settings_and_gives_them_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """connect_ray's settings for a private Ray go into the environment its processes inherit;
+    a value the user set is kept, and shutdown_ray removes only what it put there."""
+    from usg.scale import ray_app
+
+    keys = list(ray_app.PRIVATE_RAY_ENV)
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(keys[0], "0.1")  # the user's own choice
+    ray_app._private_env()
+    assert os.environ[keys[0]] == "0.1"
+    for key in keys[1:]:
+        assert os.environ[key] == ray_app.PRIVATE_RAY_ENV[key]
+    ray_app.shutdown_ray()  # Ray is not running here: only the environment is restored
+    assert os.environ[keys[0]] == "0.1"
+    assert not [key for key in keys[1:] if key in os.environ]
+    assert float(ray_app.PRIVATE_RAY_ENV["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) <= 1.0  # failures still seen in 1 s
+
+
+def test_no_deployment_writes_an_access_log_line_per_call() -> None:
+    """Every USG deployment (models, nodes, the router) runs without Serve's access log: the proxy
+    logs each HTTP request, and the router's /metrics counts the hops."""
+    from usg.graph.deploy import DeployPolicy, DeploySpec
+    from usg.scale.ray_app import build_ray_app
+    from usg.serve.app import ServeConfig
+
+    g = one_model_graph("testops:doubled", output="y")
+    g = dataclasses.replace(g, deploy=DeploySpec(models={"m": DeployPolicy(num_replicas=2)}))
+    app = build_ray_app(g, ServeConfig())
+    router = app._bound_deployment
+    model = router.init_args[1]["m"]._bound_deployment
+    assert (router.name, model.name, model.num_replicas) == ("router", "model-m", 2)
+    for d in (router, model):
+        assert d._deployment_config.logging_config["enable_access_log"] is False, d.name

@@ -135,7 +135,10 @@ def det_preprocess(
     meta = {"image": img, "raw_shape": (raw_h, raw_w), "ops": ops}
     # between processes (the Ray engine) x travels as the uint8 image before det's resize (which only
     # ever scales up), and is resized and normalised on det's replica
-    return {"x": derived(_det_input, img, limit_side_len), "meta": meta}
+    h, w = img.shape[:2]  # after the letterbox
+    det_h, det_w = _scaled(h, w, limit_side_len / min(h, w) if min(h, w) < limit_side_len else 1.0)
+    x = derived(_det_input, img, limit_side_len, shape=(1, 3, det_h, det_w), dtype="float32")
+    return {"x": x, "meta": meta}
 
 
 def _det_input(img: np.ndarray, limit_side_len: int = 736) -> np.ndarray:
@@ -230,7 +233,8 @@ def _resize_norm(img: np.ndarray, shape: tuple[int, int, int], width: int) -> np
 )
 def cls_preprocess(items: list[np.ndarray]) -> dict[str, Any]:
     """Each crop → the direction classifier's input (3×48×192, padded right)."""
-    return {"items": [derived(_resize_norm, c, _CLS_SHAPE, _CLS_SHAPE[2]) for c in items]}
+    shape = (1, *_CLS_SHAPE)
+    return {"items": [derived(_resize_norm, c, _CLS_SHAPE, _CLS_SHAPE[2], shape=shape, dtype="float32") for c in items]}
 
 
 def rec_widths(crops: list[np.ndarray], *, policy: str = "rapidocr", group: int = 6) -> list[int]:
@@ -276,7 +280,11 @@ def rec_preprocess(
             crop = cv2.rotate(crop, cv2.ROTATE_180)
         upright.append(crop)
     sizes = rec_widths(upright, policy=widths)
-    items = [derived(_resize_norm, c, _REC_SHAPE, wd) for c, wd in zip(upright, sizes, strict=True)]
+    c, h = _REC_SHAPE[:2]
+    items = [
+        derived(_resize_norm, crop, _REC_SHAPE, wd, shape=(1, c, h, wd), dtype="float32")
+        for crop, wd in zip(upright, sizes, strict=True)
+    ]
     return {"items": items, "crops": upright}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import itertools
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -31,6 +32,7 @@ from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
 from usg.runtime.cpu_gate import CpuGate
+from usg.runtime.deferral import call_deferring, deferred_ports
 from usg.runtime.events import (
     EventSink,
     ExecutionEvent,
@@ -122,6 +124,7 @@ class Executor:
         self._chunk_plans: dict[frozenset[str], ChunkPlan | None] = {}
         self._deadlines = Deadlines()  # of the chunk runs in flight (run_chunk)
         self._chains: dict[tuple[str, ...], bool] = {}
+        self._deferred: dict[str, frozenset[str]] = {}  # fn node -> ports only remote models read
         node_cache = NodeCache(graph, self._cache_event, EmptyFanOut) if cache else None
         self.cache = node_cache if node_cache is not None and node_cache.enabled else None
 
@@ -148,6 +151,8 @@ class Executor:
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():
             await runner.start()
+        # usg.runtime.deferral: arrays this process only sends (not while an observer reads node values)
+        self._deferred = deferred_ports(self.graph, self._backends, cached=self.cache is not None)
         for node in self.graph.nodes.values():
             if node.fn is not None:
                 # an override (a node run elsewhere) is called instead and never imports the
@@ -493,15 +498,17 @@ class Executor:
         opts = dict(self._fn_opts[node.name])
         opts.update(stream.node_params(node.name, names))
         loop = asyncio.get_running_loop()
+        sent = self._deferred.get(node.name) if self._deferred and not self._observers_read_values else None
+        call = call_fn if sent is None else functools.partial(call_deferring, sent)
         if not node.map:
             inline = self._fn_inline.get(node.name)
             if inline is not None and inline(args):
-                return call_fn(node, func, args, opts), 1
-            return await loop.run_in_executor(self._pool, call_fn, node, func, args, opts), 1
+                return call(node, func, args, opts), 1
+            return await loop.run_in_executor(self._pool, call, node, func, args, opts), 1
         per_item = self._split_map(node, args)
 
         def call_all() -> dict[str, Any]:
-            results = [call_fn(node, func, a, opts) for a in per_item]
+            results = [call(node, func, a, opts) for a in per_item]
             if not results:
                 return EmptyFanOut()
             return {k: [r[k] for r in results] for k in results[0]}

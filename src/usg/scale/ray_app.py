@@ -80,6 +80,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
     else:
         _started_here = True
         _private_auth()
+        _private_env()
         ray.init(
             address="local",  # not a cluster `ray start` left running here: that one is --ray-address auto
             num_cpus=num_cpus or os.cpu_count() or 2,
@@ -87,10 +88,57 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
+        _stop_log_monitor()
+
+
+def _stop_log_monitor() -> None:
+    """Stop the private Ray's log monitor: it only forwards the workers' output to drivers that
+    ask for it (``log_to_driver``, off here) and scans the log directory ten times a second to
+    do so — 22 ms of CPU a second with no request (benchmarks/README.md, "Session 9"). The logs
+    stay in the session directory's files, where ``ray logs`` and a dashboard read them."""
+    try:
+        from ray._private import ray_constants, worker
+
+        node = worker._global_node
+        if node is None:
+            return
+        infos = node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, [])
+        procs = [info.process for info in infos]
+        node.kill_log_monitor(check_alive=False)  # (Ray forgets its Popen: wait for it here)
+    except Exception as exc:  # a Ray without these internals: the monitor keeps running, harmlessly
+        log.debug("could not stop Ray's log monitor: %s", exc)
+        return
+    _reap(procs, timeout_s=5.0)
 
 
 _AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 _auth_set_here: list[str] = []  # what _private_auth put in os.environ, for shutdown_ray to remove
+
+#: Settings of the Ray processes a private local Ray runs (its controller, proxy and replicas
+#: inherit this process's environment), each measured on the 2-core machine of
+#: benchmarks/README.md ("Session 9: Ray engine CPU"); a value the user set is kept.
+PRIVATE_RAY_ENV = {
+    # Serve's controller loop runs every 0.1 s by default, and with it the controller's GCS
+    # calls: 45 ms of CPU a second with no request at all. A replica restart, a health-check
+    # verdict or an autoscaling decision now waits up to this long more
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    # Serve's own metrics are flushed from every replica, handle and the proxy every 0.1 s; a
+    # private Ray exports them nowhere (no dashboard) — USG's router has its own /metrics
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    # Serve's log lines go to its log files (logs/serve/ in the session directory); not also to
+    # each worker's stderr, which Ray's log monitor tails and publishes for drivers (USG's
+    # driver does not subscribe: log_to_driver=False)
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+}
+_env_set_here: list[str] = []  # what _private_env put in os.environ, for shutdown_ray to remove
+
+
+def _private_env() -> None:
+    """:data:`PRIVATE_RAY_ENV` into this process's environment (inherited by the Ray it starts)."""
+    for key, value in PRIVATE_RAY_ENV.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _env_set_here.append(key)
 
 
 def _private_auth() -> None:
@@ -145,6 +193,8 @@ def shutdown_ray() -> None:
     _started_here = False
     while _auth_set_here:
         os.environ.pop(_auth_set_here.pop(), None)
+    while _env_set_here:
+        os.environ.pop(_env_set_here.pop(), None)
 
 
 def stop_private_ray() -> None:
@@ -236,7 +286,13 @@ def build_ray_app(graph: Graph, config: ServeConfig, *, timeout_s: float = 60.0,
     reducers = output_reducers(graph)  # e.g. rec's T x 6625 probabilities -> their best path
     for d in deployment_plan(graph, config.max_inflight):
         env = deployment_env(d.kind, otel=bool(otel))
-        options = {**d.options, "ray_actor_options": _with_env(d.options["ray_actor_options"], env)}
+        options = {
+            **d.options,
+            "ray_actor_options": _with_env(d.options["ray_actor_options"], env),
+            # no Serve access-log line per call: the proxy logs each HTTP request, the router's
+            # /metrics counts every model call; a line per hop cost each replica CPU per request
+            "logging_config": {"enable_access_log": False},
+        }
         if d.kind == "model":
             model = graph.models[d.target]
             reduce = reducers.get(d.target, {})
