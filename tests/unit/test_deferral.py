@@ -2,7 +2,8 @@
 
 The Ray engine's router sends det's float32 input to det's replica as the uint8 page it is
 computed from; the router itself never reads it. These tests run the real det pre-processing
-with a stand-in for det (a fake backend marked remote, as the router's RayModelBackend is)."""
+with a stand-in for det (a fake backend marked remote and shipping derived values, as the router's
+RayModelBackend is)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_deferred_rec_items_have_their_shapes() -> None:
 
 class Remote(FakeBackend):
     remote = True  # as the Ray router's RayModelBackend
+    ships_derived = True
 
 
 def det_graph(*, export_x: bool = False) -> Graph:
@@ -88,6 +90,18 @@ def test_only_remote_readers_get_a_placeholder() -> None:
     # a graph output is sent to the client: computed, even though the only model reading it is remote
     out = run(det_graph(export_x=True), Remote(seen), image)
     assert not is_placeholder(out["x"]) and np.array_equal(out["x"], expected)
+
+
+def test_a_remote_model_that_is_sent_the_tensor_itself_gets_the_values() -> None:
+    """A Triton BLS call (remote, but the tensor itself crosses) reads the values: no placeholder."""
+
+    class Sent(FakeBackend):
+        remote = True
+
+    image = page(600, 900)
+    backend = Sent(seen)
+    assert run(det_graph(), backend, image)["seen"].tolist() == [False]
+    assert np.array_equal(backend.calls[0]["x"], det_preprocess(image)["x"])
 
 
 def test_nothing_is_deferred_while_an_observer_reads_node_values() -> None:

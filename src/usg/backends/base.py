@@ -38,6 +38,11 @@ class Backend(abc.ABC):
     #: the runner awaits :meth:`ainfer` on the event loop, with no worker thread and no local
     #: concurrency cap (the remote side queues and batches)
     remote: bool = False
+    #: True for remote backends that send a :func:`usg.ops.wire.derived` value as its function
+    #: and source and compute it on the far side (the Ray engine): the value is never read here,
+    #: so the executor may defer it (:mod:`usg.runtime.deferral`); a Triton BLS call sends the
+    #: tensor itself
+    ships_derived: bool = False
     #: True for remote backends whose far side batches calls and reports each batch it ran
     #: (a :class:`usg.records.BatchEvent`) to :attr:`batch_listeners`; the executor
     #: adds its observers there, so metrics see remote batches as they see local ones

@@ -3,7 +3,8 @@
 A node function may return an array computed from a smaller source as
 :func:`usg.ops.wire.derived` (det's float32 input from the uint8 page image), which travels to
 another process as the function and its source. When every reader of such an output port is a
-model whose backend is remote (the Ray engine's router), the float32 array is never read in this
+model whose backend computes it on the far side from its source (the Ray engine's router:
+``Backend.ships_derived``; a Triton BLS call sends the tensor itself), the float32 array is never read in this
 process: the executor calls the node inside :func:`usg.ops.wire.deferring`, so a ``derived``
 that declares its shape and dtype returns a placeholder (the contract checks read its shape and
 dtype; the remote side computes the values from the source). Placeholders in the node's other
@@ -37,7 +38,7 @@ def deferred_ports(graph: Graph, backends: Mapping[str, Backend], *, cached: boo
 
     def remote(node: NodeDef) -> bool:
         backend = backends.get(node.model) if node.model is not None else None
-        return backend is not None and backend.remote
+        return backend is not None and backend.ships_derived
 
     out: dict[str, frozenset[str]] = {}
     for node in graph.nodes.values():

@@ -120,6 +120,7 @@ class RayModelBackend(DeclaredSpecsBackend):
 
     kind = "ray-serve"
     remote = True
+    ships_derived = True  # a derived input travels as its function and source (usg.ops.wire)
 
     def __init__(self, model: str, handle: Any, *, batching: bool = False, engine: bool = False) -> None:
         super().__init__()  # the contracts come from the deployment at load()
