@@ -155,10 +155,16 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--per-client", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument(
+        "--engine-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the engine (default: one per core, sharing them with usg serve)",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="llm-overhead-"))
     print("building the tiny model and starting transformers serve ...", flush=True)
-    engine = start_engine(build_tiny_llama(tmp / "model"), tmp / "engine.log")
+    engine = start_engine(build_tiny_llama(tmp / "model"), tmp / "engine.log", threads=args.engine_threads)
     usg_server = None
     try:
         eurl = f"http://127.0.0.1:{engine.port}"
@@ -241,7 +247,8 @@ def main() -> None:
             f"{label + ' (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
             f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
         )
-    print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU)")
+    threads = args.engine_threads or "one per core"
+    print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU, threads {threads})")
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
         "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance; "

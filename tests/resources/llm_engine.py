@@ -52,8 +52,11 @@ def build_tiny_llama(out: Path, *, max_positions: int = 512) -> Path:
     return out
 
 
-def start_engine(model_dir: Path, log: Path, *, probe: bool = False, timeout_s: float = 240) -> ServerProcess:
-    """``transformers serve MODEL_DIR`` on a free 127.0.0.1 port (CPU), ready; offline."""
+def start_engine(
+    model_dir: Path, log: Path, *, probe: bool = False, timeout_s: float = 240, threads: int | None = None
+) -> ServerProcess:
+    """``transformers serve MODEL_DIR`` on a free 127.0.0.1 port (CPU), ready; offline; ``threads``:
+    torch's intra-op threads (``OMP_NUM_THREADS``; default: torch's own choice, one per core)."""
     port = free_port()
     serve_args = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
     if probe:
@@ -62,6 +65,8 @@ def start_engine(model_dir: Path, log: Path, *, probe: bool = False, timeout_s: 
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
         cmd = [exe, *serve_args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(proc, port, log)
