@@ -135,3 +135,31 @@ def test_openvino_device_plugin_that_cannot_be_created_is_the_environment() -> N
     assert root.evidence["device"] == "GPU"
     assert root.evidence["plugin"].endswith("libclDNNPlugin.so")
     assert "driver" in root.message and "run on CPU" in root.fix
+
+
+def test_trtllm_plugin_field_layout_is_an_engine_of_another_release() -> None:
+    # triton-inference-server/tensorrtllm_backend#300: engine and backend from different TensorRT-LLM versions
+    text = (
+        "[TensorRT-LLM][ERROR] tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] Assertion failed: "
+        "d == a + length (/app/tensorrt_llm/cpp/tensorrt_llm/plugins/gptAttentionCommon/gptAttentionCommon.cpp:418)"
+    )
+    root = _root(text)
+    assert (root.code, root.root_cause) == ("LOG070", RootCause.VERSION_COUPLING)
+    assert root.evidence["plugin"] == "gptAttentionCommon"
+    assert "rebuild the engine" in root.fix
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # huggingface/text-generation-inference#1627 (the CPU lacks an instruction set the kernels use)
+        "2024-03-06T17:53:31.052444Z ERROR shard-manager: text_generation_launcher: Shard process was signaled to "
+        "shutdown with signal 4 rank=0\nError: ShardCannotStart",
+        # huggingface/text-generation-inference#2238
+        "Shard process was signaled to shutdown with signal 4 rank=0 Error: ShardCannotStart",
+    ],
+)
+def test_illegal_instruction_is_the_host_cpu(text: str) -> None:
+    root = _root(text)
+    assert (root.code, root.root_cause) == ("LOG071", RootCause.ENVIRONMENT)
+    assert "AVX" in root.message

@@ -447,3 +447,20 @@ def _bf16(m: re.Match[str]) -> Explained:
         "serve in float16: --dtype half (vLLM) / dtype='half', or use a GPU with compute capability >= 8.0",
         {"gpu": m["gpu"].strip(), "compute_capability": m["have"], "required": m["need"]},
     )
+
+
+@_rule(
+    "LOG070",
+    "tensorrt_llm",
+    "engine plugin fields of another TensorRT-LLM build",
+    R.VERSION_COUPLING,
+    r"Assertion failed: d == a \+ length \((?P<file>[^)\n]*?plugins/(?P<plugin>\w+)/[^)\n:]+):?(?P<line>\d+)?",
+)
+def _plugin_layout(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the engine's {m['plugin']} plugin was serialized with another field layout than this TensorRT-LLM build "
+        "reads: the engine was built by another TensorRT-LLM version than the runtime (or Triton backend) loading it",
+        "rebuild the engine with the TensorRT-LLM version of the runtime / tensorrtllm_backend image (see its "
+        "support matrix), or run the runtime version that built it",
+        {"plugin": m["plugin"], "source": m["file"]},
+    )

@@ -180,3 +180,20 @@ def _api_mismatch(m: re.Match[str]) -> Explained | None:
         "caller and the library together; for compiled extensions rebuild them against the installed release",
         ev,
     )
+
+
+@_rule(
+    "LOG071",
+    "cpu",
+    "illegal instruction (SIGILL)",
+    R.ENVIRONMENT,
+    r"signal(?:ed to shutdown with signal)? 4\b|\bIllegal instruction\b|\bSIGILL\b",
+)
+def _illegal_instruction(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the process died of an illegal instruction (signal 4, SIGILL): the binary uses CPU instructions "
+        "(AVX/AVX2/AVX-512, ...) this host's CPU or virtual CPU does not offer",
+        "run on a CPU with the instruction set the build assumes (expose the host CPU flags to the VM/container), or "
+        "use a build for this CPU (a generic/no-AVX wheel or image, or build from source on it)",
+        {"signal": 4},
+    )
