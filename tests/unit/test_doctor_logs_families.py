@@ -163,3 +163,19 @@ def test_illegal_instruction_is_the_host_cpu(text: str) -> None:
     root = _root(text)
     assert (root.code, root.root_cause) == ("LOG071", RootCause.ENVIRONMENT)
     assert "AVX" in root.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # onnx/onnx#2963 (beam_size.item() froze the beam size)
+        "TracerWarning: Converting a tensor to a Python number might cause the trace to be incorrect. We can't "
+        "record the data flow of Python values, so this value will be treated as a constant in the future.",
+        # open-edge-platform/geti#3770
+        "> /mnt/d/Projects/venv/lib/python3.10/site-packages/otx/core/model/detection.py:275: TracerWarning: Using "
+        "len to get tensor shape might cause the trace to be incorrect. Recommended usage would be tensor.shape[0].",
+    ],
+)
+def test_every_tracer_freeze_wording_is_a_frozen_shape(text: str) -> None:
+    root = _root(text)
+    assert (root.code, root.root_cause) == ("LOG014", RootCause.DYNAMIC_SHAPE_FIXED)

@@ -45,7 +45,8 @@ def _onnx_op(m: re.Match[str]) -> Explained:
     "torch.onnx",
     "trace froze a value",
     R.DYNAMIC_SHAPE_FIXED,
-    r"TracerWarning: (?P<what>Converting a tensor to a Python (?:integer|index|boolean|float)|torch\.tensor "
+    r"TracerWarning: (?P<what>Converting a tensor to a Python (?:integer|index|boolean|float|number)"
+    r"|Using len to get tensor shape|torch\.tensor "
     r"results are registered as constants"
     r"|Iterating over a tensor)",
     Severity.WARNING,
