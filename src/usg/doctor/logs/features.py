@@ -44,6 +44,12 @@ _VOCAB: dict[str, str] = {
     "dynamic": r"TracerWarning|treated as a constant|registered as constants|\bdynamic|optimization profile|"
     r"data-dependent|guard|\btrace\b|engine supports|satisfy any optimization profile|between \d+ and \d+",
     "batch": r"\bbatch|max_batch_size|batch-size",
+    # the calling code and the library it calls come from different releases, whatever versions the message states
+    # (or not): a keyword, attribute, name, member or argument count one side has and the other lacks
+    "api": r"unexpected keyword argument|module '[\w.]+' has no attribute|cannot import name|"
+    r"missing \d+ required (?:positional|keyword)|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but|"
+    r"expected at most \d+ argument|has no member named|no matching function for call|undefined symbol|"
+    r"symbol lookup error|not defined in file",
 }
 _VOCAB_RE = {name: re.compile(pat, re.IGNORECASE) for name, pat in _VOCAB.items()}
 _HEX = re.compile(r"0x[0-9a-f]+", re.IGNORECASE)

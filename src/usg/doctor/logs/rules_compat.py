@@ -190,10 +190,19 @@ _LIBRARIES = frozenset(
     "module or name not importable",
     R.ENVIRONMENT,
     r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'"
-    r"|ImportError: cannot import name '(?P<name>\w+)' from '(?P<src>[\w.]+)'",
+    r"|(?:ImportError: )?cannot import name '(?P<name>\w+)' from (?P<partial>partially initiali[sz]ed module )?"
+    r"'(?P<src>[\w.]+)'",
     also=(R.VERSION_COUPLING,),
 )
 def _import(m: re.Match[str]) -> Explained:
+    if m["name"] and (m["partial"] or re.search(r"circular import", m.string[m.end() : m.end() + 200])):
+        return Explained(  # a file or directory of the user's named like the package is imported instead of it
+            f"{m['src']} is imported while it is still initialising (a circular import): a local file or directory "
+            f"named like {m['src'].split('.')[0]!r} shadows the installed package",
+            f"rename the local {m['src'].split('.')[0]}.py / {m['src'].split('.')[0]}/ (and delete its __pycache__) or "
+            "run from another directory",
+            {"name": m["name"], "module": m["src"]},
+        )
     if m["name"]:  # the package is there but lacks the name: another release than the importer expects
         top = m["src"].split(".")[0]
         return Explained(

@@ -45,7 +45,8 @@ def _onnx_op(m: re.Match[str]) -> Explained:
     "torch.onnx",
     "trace froze a value",
     R.DYNAMIC_SHAPE_FIXED,
-    r"TracerWarning: (?P<what>Converting a tensor to a Python (?:integer|index|boolean|float)|torch\.tensor "
+    r"TracerWarning: (?P<what>Converting a tensor to a Python (?:integer|index|boolean|float|number)"
+    r"|Using len to get tensor shape|torch\.tensor "
     r"results are registered as constants"
     r"|Iterating over a tensor)",
     Severity.WARNING,
@@ -446,4 +447,21 @@ def _bf16(m: re.Match[str]) -> Explained:
         f"(needs >= {m['need']})",
         "serve in float16: --dtype half (vLLM) / dtype='half', or use a GPU with compute capability >= 8.0",
         {"gpu": m["gpu"].strip(), "compute_capability": m["have"], "required": m["need"]},
+    )
+
+
+@_rule(
+    "LOG070",
+    "tensorrt_llm",
+    "engine plugin fields of another TensorRT-LLM build",
+    R.VERSION_COUPLING,
+    r"Assertion failed: d == a \+ length \((?P<file>[^)\n]*?plugins/(?P<plugin>\w+)/[^)\n:]+):?(?P<line>\d+)?",
+)
+def _plugin_layout(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the engine's {m['plugin']} plugin was serialized with another field layout than this TensorRT-LLM build "
+        "reads: the engine was built by another TensorRT-LLM version than the runtime (or Triton backend) loading it",
+        "rebuild the engine with the TensorRT-LLM version of the runtime / tensorrtllm_backend image (see its "
+        "support matrix), or run the runtime version that built it",
+        {"plugin": m["plugin"], "source": m["file"]},
     )

@@ -134,3 +134,66 @@ def _nodedef_attr(m: re.Match[str]) -> Explained:
         "older TensorFlow",
         {"attribute": m["attr"], "op": m["op"]},
     )
+
+
+_BUILTIN_TYPES = r"NoneType|str|int|float|list|dict|tuple|bool|bytes|set|function|method"
+
+
+@_rule(
+    "LOG066",
+    "python/c++ api",
+    "code and library from different releases (API mismatch)",
+    R.VERSION_COUPLING,
+    r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<attr>\w+)'"
+    r"|(?P<func>[\w.]+)\(\) got an unexpected keyword argument '(?P<kw>\w+)'"
+    r"|(?P<func2>[\w.]+)\(\) missing (?P<miss>\d+) required (?:positional|keyword-only) arguments?: "
+    r"(?P<args>[^\n]{1,120})"
+    r"|(?P<op>[\w.:]+)\(\) expected at most (?P<most>\d+) argument\(s\) but received (?P<got>\d+)"
+    r"|has no member named ['‘\"](?P<member>\w+)['’\"]",
+)
+def _api_mismatch(m: re.Match[str]) -> Explained | None:
+    if m["mod"]:
+        top = m["mod"].split(".")[0]
+        if top in ("__main__", "builtins"):  # the user's own script: no library release involved
+            return None
+        what = f"the installed {m['mod']} has no {m['attr']!r}"
+        ev: dict[str, Any] = {"module": m["mod"], "name": m["attr"]}
+    elif m["func"] or m["func2"]:
+        func = m["func"] or m["func2"]
+        if re.fullmatch(rf"(?:{_BUILTIN_TYPES})\.\w+", func):
+            return None
+        if m["kw"]:
+            what = f"{func}() does not take the keyword {m['kw']!r} its caller passes"
+            ev = {"function": func, "keyword": m["kw"]}
+        else:
+            what = f"{func}() is called without {m['miss']} argument(s) its signature requires ({m['args'].strip()})"
+            ev = {"function": func, "missing": m["args"].strip()}
+    elif m["op"]:
+        what = f"{m['op']}() takes at most {m['most']} arguments but its caller passes {m['got']}"
+        ev = {"operator": m["op"], "declared": int(m["most"]), "passed": int(m["got"])}
+    else:
+        what = f"the headers the code compiles against have no member {m['member']!r}"
+        ev = {"member": m["member"]}
+    return Explained(
+        what + ": the calling code and the library (or compiled extension) it calls come from different releases",
+        "install the library version the calling package was written for (its requirements pin it), or upgrade the "
+        "caller and the library together; for compiled extensions rebuild them against the installed release",
+        ev,
+    )
+
+
+@_rule(
+    "LOG071",
+    "cpu",
+    "illegal instruction (SIGILL)",
+    R.ENVIRONMENT,
+    r"signal(?:ed to shutdown with signal)? 4\b|\bIllegal instruction\b|\bSIGILL\b",
+)
+def _illegal_instruction(m: re.Match[str]) -> Explained:
+    return Explained(
+        "the process died of an illegal instruction (signal 4, SIGILL): the binary uses CPU instructions "
+        "(AVX/AVX2/AVX-512, ...) this host's CPU or virtual CPU does not offer",
+        "run on a CPU with the instruction set the build assumes (expose the host CPU flags to the VM/container), or "
+        "use a build for this CPU (a generic/no-AVX wheel or image, or build from source on it)",
+        {"signal": 4},
+    )

@@ -284,3 +284,52 @@ def _ov_input(m: re.Match[str]) -> Explained:
         "reshape the model to the size you send (model.reshape / convert with a dynamic input shape)",
         ev,
     )
+
+
+@_rule(
+    "LOG068",
+    "openvino",
+    "model cannot be read (frontends)",
+    R.CONFIG_INVALID,
+    r"Unable to read the model:\s*(?P<path>[^\n]*?)\s*Please check that model format: (?P<fmt>\w+) is supported and "
+    r"the model is correct\.\s*Available frontends:(?P<fe>[ \t\w]*)",
+    also=(R.ENVIRONMENT,),
+)
+def _unreadable_model(m: re.Match[str]) -> Explained:
+    frontends = m["fe"].split()
+    path = m["path"].strip() or None
+    if not frontends:  # no frontend library was found at all: the install or the packaged app lacks them
+        return Explained(
+            "OpenVINO found no model frontend library at all (the list of available frontends is empty), so it "
+            f"cannot read any {m['fmt']} model",
+            "deploy OpenVINO's frontend libraries (libopenvino_ir_frontend, _onnx_frontend, ...) with the application: "
+            "a full pip/archive install, or include them when bundling (Android, PyInstaller/Nuitka, custom builds)",
+            {"path": path, "format": m["fmt"], "frontends": []},
+            R.ENVIRONMENT,
+        )
+    return Explained(
+        f"OpenVINO has frontends for {', '.join(frontends)} but none could read {path or 'the model'}: the file does "
+        "not exist at that path, or it is not a valid model of that format (truncated, wrong file, its .bin missing)",
+        "check the path the application passes (relative to which directory) and that the file (and the .bin next "
+        "to an .xml) is complete; re-export the model if it is corrupted",
+        {"path": path, "format": m["fmt"], "frontends": frontends},
+    )
+
+
+@_rule(
+    "LOG069",
+    "openvino",
+    "device plugin cannot be created",
+    R.ENVIRONMENT,
+    r"Failed to create plugin (?P<lib>\S+?) for device (?P<dev>[\w.]+)",
+)
+def _plugin(m: re.Match[str]) -> Explained:
+    cl = re.search(r"cl\w+ error -?\d+", m.string[m.end() : m.end() + 300])
+    return Explained(
+        f"OpenVINO cannot create its {m['dev']} plugin ({m['lib'].rsplit('/', 1)[-1]})"
+        + (f": {cl.group(0)}" if cl else "")
+        + ": the device's driver/compute runtime is missing, too old for this GPU, or not visible to the process",
+        f"install the {m['dev']} driver and compute runtime (for GPU: Intel's OpenCL/Level Zero runtime) matching this "
+        "hardware and OpenVINO release, give the container access to the device (/dev/dri), or run on CPU",
+        {"plugin": m["lib"], "device": m["dev"], "runtime_error": cl.group(0) if cl else None},
+    )

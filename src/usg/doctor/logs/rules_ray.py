@@ -95,3 +95,29 @@ def _ray_oom(m: re.Match[str]) -> Explained:
         "(--num-cpus=0 on it)",
         ev,
     )
+
+
+@_rule(
+    "LOG067",
+    "ray",
+    "runtime_env cannot be set up",
+    R.CONFIG_INVALID,
+    r"Failed to create runtime env: (?P<env>\{[^\n]{0,300}?\})(?:, error message: (?P<err>[^\n]{1,200}))?"
+    r"|RuntimeEnvSetupError: Failed to set ?up runtime env(?:ironment)?\.?(?P<rest>[^\n]{0,200})",
+)
+def _runtime_env(m: re.Match[str]) -> Explained:
+    env = m["env"]
+    err = (m["err"] or m["rest"] or "").strip() or None
+    keys = re.findall(r"[\"'](\w+)[\"']\s*:", env) if env else []
+    what = "Ray cannot set up the runtime_env the deployment asks for"
+    if keys:
+        what += f" ({', '.join(dict.fromkeys(keys))})"
+    if err:
+        what += f": {err}"
+    return Explained(
+        what,
+        "fix the runtime_env in the Serve config / ray_actor_options: working_dir and py_modules must be local "
+        "paths or remote URIs Ray can fetch (https://, s3://, gs:// zip files), pip/conda entries must be "
+        "installable on the cluster, keys must be runtime_env fields",
+        {"runtime_env": env, "error": err, "fields": keys or None},
+    )
