@@ -10,7 +10,10 @@ Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here
    event vs the engine's first content delta; USG streams from the engine);
 3. throughput: ``--clients`` concurrent clients, each sending ``--per-client`` questions, direct
    then through USG (``max_inflight`` = clients, so USG holds nothing back); once as plain
-   questions and once streamed (each side's clients read the tokens as they come).
+   questions and once streamed (each side's clients read the tokens as they come); the plain
+   rounds also run a bare proxy (``benchmarks/bare_llm_proxy.py``: uvicorn + USG's engine client,
+   no graph) — the floor any process in front of the engine pays on this machine's two cores,
+   which the engine's threads share.
 
 Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
 token), the ``usg serve`` process's CPU time per question, and the throughput ratios (target
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +41,7 @@ sys.path[:0] = [str(ROOT / "tests" / "resources"), str(ROOT / "tests" / "resourc
 
 from harness import start_server  # noqa: E402
 from llm_engine import build_tiny_llama, start_engine  # noqa: E402
+from procs import ServerProcess, free_port  # noqa: E402
 
 from usg.ops.llm import chat  # noqa: E402
 
@@ -145,6 +150,19 @@ def _cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _start_bare(eurl: str, model: str, max_tokens: int, inflight: int, log: Path) -> ServerProcess:
+    """``benchmarks/bare_llm_proxy.py`` on a free port, ready."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("bare_llm_proxy.py"))]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, eurl, model, str(port), str(max_tokens), str(inflight)], stdout=out, stderr=subprocess.STDOUT
+        )
+    bare = ServerProcess(proc, port, log)
+    bare.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", name="bare proxy", timeout_s=60, poll_s=0.1)
+    return bare
+
+
 def _p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1e3
 
@@ -165,7 +183,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="llm-overhead-"))
     print("building the tiny model and starting transformers serve ...", flush=True)
     engine = start_engine(build_tiny_llama(tmp / "model"), tmp / "engine.log", threads=args.engine_threads)
-    usg_server = None
+    usg_server = bare = None
     try:
         eurl = f"http://127.0.0.1:{engine.port}"
         model = httpx.get(f"{eurl}/v1/models").json()["data"][0]["id"]
@@ -173,6 +191,8 @@ def main() -> None:
         graph.write_text(GRAPH.format(url=eurl, model=model, max_tokens=args.max_tokens, inflight=args.clients))
         usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
         uurl = usg_server.url
+        bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / "bare.log")
+        burl = f"http://127.0.0.1:{bare.port}"
         plain, streamed = (_direct_body(model, args.max_tokens, QUESTION, s) for s in (False, True))
         with httpx.Client(timeout=300) as client:
             for _ in range(3):  # warm both paths (first generation, connections)
@@ -198,7 +218,8 @@ def main() -> None:
                 if side == "direct":
                     url, body = f"{eurl}/v1/chat/completions", _direct_body(model, args.max_tokens, q, stream)
                 else:
-                    url, body = f"{uurl}/v1/infer", {"inputs": {"question": q}, "stream": stream}
+                    base = uurl if side == "usg" else burl
+                    url, body = f"{base}/v1/infer", {"inputs": {"question": q}, "stream": stream}
                 async with client.stream("POST", url, json=body) as r:
                     r.raise_for_status()
                     async for _ in r.aiter_bytes():
@@ -206,23 +227,31 @@ def main() -> None:
 
             return send
 
-        rps: dict[bool, tuple[float, float]] = {}
+        rps: dict[bool, dict[str, float]] = {}
+        load_cpu: dict[str, float] = {}
+        pids = {"usg": usg_server.proc.pid, "bare": bare.proc.pid}
         for stream in (False, True):
+            order = ("direct", "usg", "usg", "direct") if stream else ("direct", "usg", "bare", "bare", "usg", "direct")
             print(
                 f"throughput{' (streamed)' if stream else ''}: {args.clients} concurrent clients x "
-                f"{args.per_client} questions per side and round, 2 rounds (direct, USG, USG, direct) ...",
+                f"{args.per_client} questions per side and round, 2 rounds ({', '.join(order)}) ...",
                 flush=True,
             )
-            totals = {"direct": [0, 0.0], "usg": [0, 0.0]}
-            for side in ("direct", "usg", "usg", "direct"):
+            totals = {side: [0, 0.0, 0.0] for side in order}
+            for side in order:
+                cpu0 = _cpu_s(pids[side]) if side in pids else 0.0
                 done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(side, stream)))
                 totals[side][0] += done
                 totals[side][1] += secs
-            rps[stream] = (totals["direct"][0] / totals["direct"][1], totals["usg"][0] / totals["usg"][1])
+                totals[side][2] += _cpu_s(pids[side]) - cpu0 if side in pids else 0.0
+            rps[stream] = {side: done / secs for side, (done, secs, _) in totals.items()}
+            if not stream:
+                load_cpu = {side: cpu / done * 1e3 for side, (done, _, cpu) in totals.items() if side in pids}
         n = int(totals["usg"][0])
     finally:
-        if usg_server is not None:
-            usg_server.stop()
+        for proc in (usg_server, bare):
+            if proc is not None:
+                proc.stop()
         engine.stop()
 
     lat_d, lat_u = _p50_ms([t for t, _ in d_lat]), _p50_ms([t for t, _ in u_lat])
@@ -242,18 +271,24 @@ def main() -> None:
     print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{usg_cpu_ms:>10.2f}")
     print(f"{'usg serve CPU per streamed question':<38}{'':>10}{usg_cpu_stream_ms:>10.2f}")
     for stream, label in ((False, f"throughput, {args.clients} clients"), (True, "  the same, streamed")):
-        direct_rps, usg_rps = rps[stream]
+        direct_rps, usg_rps = rps[stream]["direct"], rps[stream]["usg"]
         print(
-            f"{label + ' (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}"
-            f"{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
+            f"{label + ' (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
         )
+    bare_rps = rps[False]["bare"]
+    print(f"{'  a bare proxy instead of USG (req/s)':<38}{rps[False]['direct']:>10.2f}{bare_rps:>10.2f}", end="")
+    print(f"{bare_rps / rps[False]['direct']:>9.3f}x   (floor)")
+    print(f"{'  USG / the bare proxy':<38}{'':>20}{rps[False]['usg'] / bare_rps:>9.3f}x")
+    print(f"{'CPU per question under load, USG/bare':<38}{load_cpu['usg']:>10.2f}{load_cpu['bare']:>10.2f}{'ms':>10}")
     threads = args.engine_threads or "one per core"
     print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU, threads {threads})")
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
         "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance; "
         "usg serve CPU = the server process's run time over the latency phase (streamed: the TTFT phase), per "
-        "question (everything USG does, its own engine client included; the least load-sensitive figure)"
+        "question (everything USG does, its own engine client included; the least load-sensitive figure); the "
+        "bare proxy (benchmarks/bare_llm_proxy.py): uvicorn + USG's engine client, no graph, limits or metrics — "
+        "what any process between the clients and a CPU engine on the same cores costs"
     )
 
 
