@@ -9,8 +9,11 @@ the four documents repeat, so with the cache on every request after the first fo
               declared max_size / max_delay_ms hold: the behaviour before the controller)
   tuned       the graph with its ``usg tune`` sidecar (GRAPH.tuned.yaml) merged in
   gated       (--gated) the graph as written with ``Executor(cpu_slots=None)``: single-threaded
-              CPU calls in flight across models capped at the usable cores (usg.runtime.cpu_gate;
-              off by default since the low-load run in benchmarks/README.md, where it cost 3% req/s)
+              CPU calls in flight across models capped at the usable cores, a freed core going to
+              the waiting call nearest the graph's outputs (usg.runtime.cpu_gate)
+  fifo        the same cap, a freed core going to the call that waited longest (the gate before
+              session 10; off by default since the low-load run in benchmarks/README.md, where it
+              cost 3% req/s)
 
 Each round builds a fresh executor, so the controller starts from the declared values every
 round and its convergence is inside the measurement. After each controller round the
@@ -93,6 +96,8 @@ async def one_round(
     obs = BreakdownObserver()
     # this shared CPU is slow: no request may time out
     async with Executor(graph, timeout_s=900, cache=False, observers=[obs], cpu_slots=cpu_slots) as ex:
+        if name == "fifo":
+            ex.cpu_gate.ranks = {}  # every model ranks the same: first come, first served
         outs = await asyncio.gather(*(ex.infer(i) for i in inputs))
         text = [[ln["text"] for ln in o.outputs["lines"]] for o in outs]
         obs.bind_runners(ex.runners)
@@ -101,6 +106,9 @@ async def one_round(
         sizes = {
             m.model: dict(sorted(m.batch_sizes.items())) for m in obs.snapshot() if m.model in ("cls", "rec", "minilm")
         }
+        gate = ex.cpu_gate
+        waited = {m: f"{gate.waited[m]}/{gate.calls[m]} waited {gate.wait_s[m]:.1f} s" for m in gate.calls}
+        gate_info = {"ranks": gate.ranks, "waited": waited, "overtook": dict(gate.overtook)} if gate.slots else {}
         decisions = []
         for model, runner in ex.runners.items():
             ctl = getattr(runner, "controller", None)
@@ -120,6 +128,7 @@ async def one_round(
         "text": text,
         "decisions": decisions,
         "sizes": sizes,
+        "gate": gate_info,
     }
 
 
@@ -130,6 +139,8 @@ async def run(
     variants = {"written": written, "fixed": fixed(written), "tuned": apply_sidecar(written, sidecar)}
     if gated:  # the graph as written with the executor's cap on CPU-bound calls in flight
         variants["gated"] = written
+    if only and "fifo" in only:
+        variants["fifo"] = written
     if only:
         variants = {k: v for k, v in variants.items() if k in only}
     inputs = [{"image": d} for d in documents()]
@@ -137,7 +148,7 @@ async def run(
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
-            slots = None if name == "gated" else 0
+            slots = None if name in ("gated", "fifo") else 0
             res = await one_round(name, variants[name], inputs, clients, duration, slots)
             results[name].append(res)
             print(
@@ -145,8 +156,10 @@ async def run(
                 f"det calls/s {res['det_s']:5.2f}  process CPU {res['cpu_ms_per_doc']:6.0f} ms per det call",
                 flush=True,
             )
+            if res["gate"]:
+                print(f"    cpu gate (whole round): {res['gate']}", flush=True)
             print(f"    calls by batch size (measured window): {res['sizes']}", flush=True)
-            if name in ("written", "gated"):
+            if name in ("written", "gated", "fifo"):
                 for t, model, cap, wait, reason in res["decisions"]:
                     when = "  end" if t == float("inf") else f"{t:5.1f}s"
                     print(f"    {when} {model:<8} cap {cap:>2} wait {wait:4.1f} ms  {reason}", flush=True)
@@ -168,7 +181,8 @@ async def run(
         (a, b, key)
         for key in ("rps", "det_s")
         for a, b in (("written", "tuned"), ("fixed", "tuned"), ("written", "fixed"))
-        + ((("written", "gated"),) if gated else ())
+        + ((("written", "gated"), ("gated", "tuned")) if gated else ())
+        + ((("fifo", "tuned"), ("gated", "fifo")) if "fifo" in results else ())
         if a in results and b in results
     ]
     for a, b, key in pairs:
@@ -192,14 +206,14 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="",
-        help="comma-separated subset of written,fixed,tuned,gated to run (default: all; e.g. written,tuned "
+        help="comma-separated subset of written,fixed,tuned,gated,fifo to run (default: all; e.g. written,tuned "
         "for shorter runs to alternate between two source trees)",
     )
     args = ap.parse_args()
     only = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(only) - {"written", "fixed", "tuned", "gated"})
+    unknown = sorted(set(only) - {"written", "fixed", "tuned", "gated", "fifo"})
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, gated")
+        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, gated, fifo")
     if not args.sidecar.exists():
         raise SystemExit(
             f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"

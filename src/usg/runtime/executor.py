@@ -31,7 +31,7 @@ from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
-from usg.runtime.cpu_gate import CpuGate
+from usg.runtime.cpu_gate import CpuGate, output_ranks
 from usg.runtime.deferral import call_deferring, deferred_ports
 from usg.runtime.events import (
     EventSink,
@@ -93,7 +93,7 @@ class Executor:
         self.graph = graph
         #: CPU-bound (single-threaded CPU) model calls in flight across models: at most one per
         #: usable core with cpu_slots=None (the default 0: no cap); see usg.runtime.cpu_gate
-        self.cpu_gate = CpuGate(cpu_slots)
+        self.cpu_gate = CpuGate(cpu_slots, output_ranks(graph))
         self.timeout_s = timeout_s
         self.batching = batching
         self.observers = list(observers)
