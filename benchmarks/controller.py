@@ -106,6 +106,9 @@ async def one_round(
         sizes = {
             m.model: dict(sorted(m.batch_sizes.items())) for m in obs.snapshot() if m.model in ("cls", "rec", "minilm")
         }
+        stages = {
+            m.model: f"q {m.queue_ms_mean:.0f} c {m.compute_ms_mean:.0f}" for m in obs.snapshot() if m.items
+        }  # mean queue wait per item and wall time per call, ms, in the measured window
         gate = ex.cpu_gate
         waited = {m: f"{gate.waited[m]}/{gate.calls[m]} waited {gate.wait_s[m]:.1f} s" for m in gate.calls}
         gate_info = {"ranks": gate.ranks, "waited": waited, "overtook": dict(gate.overtook)} if gate.slots else {}
@@ -129,6 +132,7 @@ async def one_round(
         "decisions": decisions,
         "sizes": sizes,
         "gate": gate_info,
+        "stages": stages,
     }
 
 
@@ -156,6 +160,7 @@ async def run(
                 f"det calls/s {res['det_s']:5.2f}  process CPU {res['cpu_ms_per_doc']:6.0f} ms per det call",
                 flush=True,
             )
+            print(f"    queue wait per item / wall per call, ms (measured window): {res['stages']}", flush=True)
             if res["gate"]:
                 print(f"    cpu gate (whole round): {res['gate']}", flush=True)
             print(f"    calls by batch size (measured window): {res['sizes']}", flush=True)

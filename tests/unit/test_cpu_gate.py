@@ -105,26 +105,57 @@ def test_a_freed_slot_goes_to_the_model_nearest_the_output_then_first_come() -> 
         order: list[str] = []
         release = asyncio.Event()
 
-        async def call(model: str) -> None:
+        async def call(model: str, block: bool = False) -> None:
             async with gate.hold(Cpu(), model):  # type: ignore[arg-type]
                 order.append(model)
-                if model == "first":
+                if block:
                     await release.wait()
 
-        first = asyncio.create_task(call("first"))
+        first = asyncio.create_task(call("rec", block=True))
         await asyncio.sleep(0)
-        waiting = [asyncio.create_task(call(m)) for m in ("det", "det", "cls", "rec", "rec")]
+        waiting = [asyncio.create_task(call(m)) for m in ("det", "det", "cls", "rec")]
         await asyncio.sleep(0)
+        assert order == ["rec"] and gate.running == 1  # all four wait: a rec runs, the only slot
         release.set()
         await asyncio.gather(first, *waiting)
         return order, gate
 
     order, gate = asyncio.run(main())
-    assert order == ["first", "rec", "rec", "cls", "det", "det"]
+    assert order == ["rec", "rec", "cls", "det", "det"]
     assert gate.running == 0 and gate.peak == 1
-    assert gate.waited == {"det": 2, "cls": 1, "rec": 2}
+    assert gate.waited == {"det": 2, "cls": 1, "rec": 1}
     # rec went past det and cls (earlier), cls past det; the dets overtook nobody
-    assert gate.overtook == {"rec": 2, "cls": 1}
+    assert gate.overtook == {"rec": 1, "cls": 1}
+
+
+def test_calls_further_up_never_hold_a_later_step_back() -> None:
+    async def main() -> tuple[list[str], CpuGate]:
+        gate = CpuGate(1, {"det": 11, "rec": 5})
+        order: list[str] = []
+        done = {m: asyncio.Event() for m in ("det", "rec")}
+
+        async def call(model: str, until: str | None) -> None:
+            async with gate.hold(Cpu(), model):  # type: ignore[arg-type]
+                order.append(model)
+                if until is not None:
+                    await done[until].wait()
+
+        det = asyncio.create_task(call("det", "det"))
+        await asyncio.sleep(0)
+        rec = asyncio.create_task(call("rec", "rec"))  # det holds the slot: rec starts anyway
+        det2 = asyncio.create_task(call("det", None))  # two run: det waits for a free core
+        await asyncio.sleep(0)
+        assert order == ["det", "rec"] and gate.running == 2
+        done["rec"].set()
+        await rec
+        assert order == ["det", "rec"]  # one core still busy with det
+        done["det"].set()
+        await asyncio.gather(det, det2)
+        return order, gate
+
+    order, gate = asyncio.run(main())
+    assert order == ["det", "rec", "det"]
+    assert gate.peak == 2 and gate.running == 0 and gate.waited == {"det": 1}
 
 
 def test_a_waiter_cancelled_before_or_after_its_grant_does_not_leak_the_slot() -> None:
@@ -136,7 +167,7 @@ def test_a_waiter_cancelled_before_or_after_its_grant_does_not_leak_the_slot() -
             async with gate.hold(Cpu(), model):  # type: ignore[arg-type]
                 await hold.wait()
 
-        first = asyncio.create_task(call("b"))
+        first = asyncio.create_task(call("a"))
         await asyncio.sleep(0)
         cancelled = asyncio.create_task(call("a"))
         later = asyncio.create_task(call("b"))
@@ -147,7 +178,7 @@ def test_a_waiter_cancelled_before_or_after_its_grant_does_not_leak_the_slot() -
         assert gate.running == 0 and not gate._waiting
         # cancelled in the same turn as its grant: the slot passes on
         hold.clear()
-        holder = asyncio.create_task(call("b"))
+        holder = asyncio.create_task(call("a"))
         await asyncio.sleep(0)
         granted = asyncio.create_task(call("a"))
         after = asyncio.create_task(call("b"))
@@ -194,7 +225,7 @@ def test_metrics_show_the_gate_slots_ranks_and_waits() -> None:
             async with gate.hold(Cpu(), model):  # type: ignore[arg-type]
                 await hold.wait()
 
-        tasks = [asyncio.create_task(call("det"))]
+        tasks = [asyncio.create_task(call("rec"))]
         await asyncio.sleep(0)
         tasks += [asyncio.create_task(call(m)) for m in ("det", "rec")]
         await asyncio.sleep(0)
@@ -207,7 +238,7 @@ def test_metrics_show_the_gate_slots_ranks_and_waits() -> None:
     text = metrics.render().decode()
     assert "usg_cpu_gate_slots 1.0" in text
     assert 'usg_cpu_gate_rank{model="rec"} 0.0' in text and 'usg_cpu_gate_rank{model="det"} 2.0' in text
-    assert 'usg_cpu_gate_calls_total{model="det"} 2.0' in text
+    assert 'usg_cpu_gate_calls_total{model="rec"} 2.0' in text
     assert 'usg_cpu_gate_waited_calls_total{model="det"} 1.0' in text
     assert 'usg_cpu_gate_overtakes_total{model="rec"} 1.0' in text
     assert 'usg_cpu_gate_overtakes_total{model="det"} 0.0' in text

@@ -11,16 +11,19 @@ run at once; a call waiting for a slot counts as queueing, not compute (so the b
 controller's per-item costs and the bench breakdown stay honest). Sessions that run several
 threads per call, GPUs and remote backends are not gated.
 
-Which waiting call gets a freed slot: the one whose model is **nearest the graph's outputs**
-(its :func:`output_ranks`, the longest path of nodes from the model's node to a sink), first
-come first served among equals. With the operating system sharing the cores, det's two
-single-threaded calls took half of them while requests waited at det, and the requests det had
-passed piled up at rec: more work started than finished (benchmarks/README.md, issue #21,
-sessions 9-10). Nearest-the-output first finishes a request that is already half done before it
-starts another one; no slot is ever left idle while a call waits (work-conserving), so the
-throughput of a saturated graph is the same and its requests in flight drain sooner. Each call
-that waited, and each grant that went past an earlier waiter of another model, is counted
-(:attr:`CpuGate.waited`, :attr:`CpuGate.overtook`; ``usg_cpu_gate_*`` on ``/metrics``).
+Order by the graph: each model has a rank, its distance to the graph's outputs
+(:func:`output_ranks`: the longest path of nodes from its nearest-the-output node to a sink). A
+call may start while fewer than ``slots`` calls **of its rank or nearer the output** run — calls
+further up do not count against it, so they never hold a later step back — and a freed slot goes
+to the waiting call nearest the output, first come first served among equals. On the document
+graph: rec and cls start whenever fewer than two of them run, and det takes the cores they leave.
+Without it (the operating system sharing the cores among det's two single-threaded calls and
+rec's two), det took about half of the cores while requests waited at det, and the requests det
+had passed piled up at rec (3.3 s queue wait per rec item; benchmarks/README.md,
+issue #21, session 10). Each call that waited, and each grant that went past an earlier waiter of
+another model, is counted (:attr:`CpuGate.waited`, :attr:`CpuGate.overtook`; ``usg_cpu_gate_*`` on
+``/metrics``). With one rank for every model (``ranks={}``) it is a plain cap, first come first
+served.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class CpuGate:
         self.ranks: dict[str, int] = dict(ranks or {})
         self._waiting: list[tuple[int, int, str, asyncio.Future[None]]] = []  # heap: rank, arrival, model
         self._arrivals = itertools.count()
+        self._by_rank: Counter[int] = Counter()  # calls running, by rank
         self.running = 0
         self.peak = 0  # most gated calls ever in flight at once
         self.calls: Counter[str] = Counter()  # gated calls by model
@@ -98,30 +102,37 @@ class CpuGate:
         if not self.applies(backend):
             yield
             return
+        rank = self.rank(model)
         self.calls[model] += 1
-        if self.running < self.slots and not self._waiting:
-            self._take()
+        if self._free(rank) and not (self._waiting and self._waiting[0][0] <= rank):
+            self._take(rank)
         else:
-            await self._wait(model)
+            await self._wait(rank, model)
         try:
             yield
         finally:
-            self._release()
+            self._release(rank)
 
-    def _take(self) -> None:
+    def _free(self, rank: int) -> bool:
+        """Whether a call of ``rank`` may start: fewer than ``slots`` calls of that rank or nearer
+        the output run (calls further up do not count: they never hold a later step back)."""
+        return sum(n for r, n in self._by_rank.items() if r <= rank) < self.slots
+
+    def _take(self, rank: int) -> None:
+        self._by_rank[rank] += 1
         self.running += 1
         self.peak = max(self.peak, self.running)
 
-    async def _wait(self, model: str) -> None:
+    async def _wait(self, rank: int, model: str) -> None:
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (self.rank(model), next(self._arrivals), model, granted)
+        entry = (rank, next(self._arrivals), model, granted)
         heapq.heappush(self._waiting, entry)
         t0 = time.perf_counter()
         try:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
-                self._release()  # the slot came with the cancellation: pass it on
+                self._release(rank)  # the slot came with the cancellation: pass it on
             else:
                 self._waiting.remove(entry)
                 heapq.heapify(self._waiting)
@@ -129,13 +140,15 @@ class CpuGate:
         self.waited[model] += 1
         self.wait_s[model] += time.perf_counter() - t0
 
-    def _release(self) -> None:
+    def _release(self, rank: int) -> None:
+        self._by_rank[rank] -= 1
         self.running -= 1
-        while self._waiting and self.running < self.slots:
-            _rank, arrival, model, granted = heapq.heappop(self._waiting)
+        # the waiter nearest the output first; when it may not start, no one further up may
+        while self._waiting and (self._waiting[0][3].done() or self._free(self._waiting[0][0])):
+            r, arrival, model, granted = heapq.heappop(self._waiting)
             if granted.done():  # cancelled while waiting
                 continue
             if any(a < arrival and m != model for _, a, m, f in self._waiting if not f.done()):
                 self.overtook[model] += 1
-            self._take()
+            self._take(r)
             granted.set_result(None)
