@@ -86,10 +86,10 @@ def test_without_the_cap_or_for_multithreaded_sessions_calls_overlap_as_declared
         assert running.peak >= 3, (slots, cpu)
 
 
-def test_the_gate_is_off_by_default_and_none_means_the_usable_cores() -> None:
+def test_the_gate_is_on_by_default_with_the_usable_cores_and_0_turns_it_off() -> None:
     assert CpuGate().slots == usable_cores() >= 1
-    assert Executor(graph(), cpu_slots=None).cpu_gate.slots == usable_cores()
-    assert Executor(graph()).cpu_gate.slots == 0
+    assert Executor(graph()).cpu_gate.slots == usable_cores()
+    assert Executor(graph(), cpu_slots=0).cpu_gate.slots == 0
 
 
 class Cpu:
