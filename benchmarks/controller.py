@@ -13,6 +13,7 @@ the four documents repeat, so with the cache on every request after the first fo
               default before session 10)
   fifo        the graph as written with the CPU gate of one rank for every model: a plain cap,
               first come first served (the gate before session 10)
+  tuned0      the tuned graph with ``Executor(cpu_slots=0)`` (what tuned measured before session 10)
 
 Every variant but ``ungated`` runs with the executor's default CPU gate (usg.runtime.cpu_gate:
 single-threaded CPU calls capped at the usable cores, nearest the graph's outputs first; on a
@@ -151,6 +152,8 @@ async def run(
         variants["ungated"] = written
     if only and "fifo" in only:
         variants["fifo"] = written
+    if only and "tuned0" in only:
+        variants["tuned0"] = variants.get("tuned") or apply_sidecar(written, sidecar)
     if only:
         variants = {k: v for k, v in variants.items() if k in only}
     inputs = [{"image": d} for d in documents()]
@@ -158,7 +161,7 @@ async def run(
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
-            res = await one_round(name, variants[name], inputs, clients, duration, name == "ungated")
+            res = await one_round(name, variants[name], inputs, clients, duration, name in ("ungated", "tuned0"))
             results[name].append(res)
             print(
                 f"round {r + 1} {name:<11} {res['rps']:6.2f} req/s  p95 {res['p95']:7.0f} ms  n={res['n']}  "
@@ -193,6 +196,7 @@ async def run(
         for a, b in (("written", "tuned"), ("fixed", "tuned"), ("written", "fixed"))
         + ((("written", "ungated"), ("ungated", "tuned")) if ungated else ())
         + ((("fifo", "tuned"), ("written", "fifo")) if "fifo" in results else ())
+        + ((("written", "tuned0"), ("tuned", "tuned0")) if "tuned0" in results else ())
         if a in results and b in results
     ]
     for a, b, key in pairs:
@@ -216,14 +220,14 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="",
-        help="comma-separated subset of written,fixed,tuned,ungated,fifo to run (default: all; e.g. written,tuned "
+        help="comma-separated subset of written,fixed,tuned,ungated,fifo,tuned0 (default: all; e.g. written,tuned "
         "for shorter runs to alternate between two source trees)",
     )
     args = ap.parse_args()
     only = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(only) - {"written", "fixed", "tuned", "ungated", "fifo"})
+    unknown = sorted(set(only) - {"written", "fixed", "tuned", "ungated", "fifo", "tuned0"})
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, ungated, fifo")
+        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, ungated, fifo, tuned0")
     if not args.sidecar.exists():
         raise SystemExit(
             f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"
