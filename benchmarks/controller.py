@@ -8,9 +8,17 @@ the four documents repeat, so with the cache on every request after the first fo
   fixed       the same graph with ``batch.adaptive: false`` on every batching model (the
               declared max_size / max_delay_ms hold: the behaviour before the controller)
   tuned       the graph with its ``usg tune`` sidecar (GRAPH.tuned.yaml) merged in
-  gated       (--gated) the graph as written with ``Executor(cpu_slots=None)``: single-threaded
-              CPU calls in flight across models capped at the usable cores (usg.runtime.cpu_gate;
-              off by default since the low-load run in benchmarks/README.md, where it cost 3% req/s)
+  ungated     (--ungated) the graph as written with ``Executor(cpu_slots=0)``: no cap on
+              single-threaded CPU calls in flight, the operating system shares the cores (the
+              default before session 10)
+  fifo        the graph as written with the CPU gate of one rank for every model: a plain cap,
+              first come first served (the gate before session 10)
+  tuned0      the tuned graph with ``Executor(cpu_slots=0)`` (what tuned measured before session 10)
+
+Every variant but ``ungated`` runs with the executor's default CPU gate (usg.runtime.cpu_gate:
+single-threaded CPU calls capped at the usable cores, nearest the graph's outputs first; on a
+tree before session 10 the default was no cap), so the same command run on two source trees
+compares what a user of each gets.
 
 Each round builds a fresh executor, so the controller starts from the declared values every
 round and its convergence is inside the measurement. After each controller round the
@@ -88,11 +96,14 @@ async def closed_loop(
 
 
 async def one_round(
-    name: str, graph: Graph, inputs: list[dict[str, Any]], clients: int, duration: float, cpu_slots: int | None = None
+    name: str, graph: Graph, inputs: list[dict[str, Any]], clients: int, duration: float, ungated: bool = False
 ) -> dict:
     obs = BreakdownObserver()
-    # this shared CPU is slow: no request may time out
-    async with Executor(graph, timeout_s=900, cache=False, observers=[obs], cpu_slots=cpu_slots) as ex:
+    # this shared CPU is slow: no request may time out; cpu_slots as the executor's default unless ungated
+    slots: dict[str, Any] = {"cpu_slots": 0} if ungated else {}
+    async with Executor(graph, timeout_s=900, cache=False, observers=[obs], **slots) as ex:
+        if name == "fifo":
+            ex.cpu_gate.ranks = {}  # every model ranks the same: first come, first served
         outs = await asyncio.gather(*(ex.infer(i) for i in inputs))
         text = [[ln["text"] for ln in o.outputs["lines"]] for o in outs]
         obs.bind_runners(ex.runners)
@@ -101,6 +112,13 @@ async def one_round(
         sizes = {
             m.model: dict(sorted(m.batch_sizes.items())) for m in obs.snapshot() if m.model in ("cls", "rec", "minilm")
         }
+        stages = {
+            m.model: f"q {m.queue_ms_mean:.0f} c {m.compute_ms_mean:.0f}" for m in obs.snapshot() if m.items
+        }  # mean queue wait per item and wall time per call, ms, in the measured window
+        gate, gate_info = ex.cpu_gate, {}
+        if gate.slots and hasattr(gate, "calls"):  # a tree before session 10 counts nothing
+            waited = {m: f"{gate.waited[m]}/{gate.calls[m]} waited {gate.wait_s[m]:.1f} s" for m in gate.calls}
+            gate_info = {"ranks": gate.ranks, "waited": waited, "overtook": dict(gate.overtook)}
         decisions = []
         for model, runner in ex.runners.items():
             ctl = getattr(runner, "controller", None)
@@ -120,16 +138,22 @@ async def one_round(
         "text": text,
         "decisions": decisions,
         "sizes": sizes,
+        "gate": gate_info,
+        "stages": stages,
     }
 
 
 async def run(
-    sidecar: Path, rounds: int, duration: float, clients: int, gated: bool = False, only: list[str] | None = None
+    sidecar: Path, rounds: int, duration: float, clients: int, ungated: bool = False, only: list[str] | None = None
 ) -> None:
     written = load_graph(GRAPH, export_missing=True)
     variants = {"written": written, "fixed": fixed(written), "tuned": apply_sidecar(written, sidecar)}
-    if gated:  # the graph as written with the executor's cap on CPU-bound calls in flight
-        variants["gated"] = written
+    if ungated:  # the graph as written with no cap on CPU-bound calls in flight
+        variants["ungated"] = written
+    if only and "fifo" in only:
+        variants["fifo"] = written
+    if only and "tuned0" in only:
+        variants["tuned0"] = variants.get("tuned") or apply_sidecar(written, sidecar)
     if only:
         variants = {k: v for k, v in variants.items() if k in only}
     inputs = [{"image": d} for d in documents()]
@@ -137,16 +161,18 @@ async def run(
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for name in order:
-            slots = None if name == "gated" else 0
-            res = await one_round(name, variants[name], inputs, clients, duration, slots)
+            res = await one_round(name, variants[name], inputs, clients, duration, name in ("ungated", "tuned0"))
             results[name].append(res)
             print(
                 f"round {r + 1} {name:<11} {res['rps']:6.2f} req/s  p95 {res['p95']:7.0f} ms  n={res['n']}  "
                 f"det calls/s {res['det_s']:5.2f}  process CPU {res['cpu_ms_per_doc']:6.0f} ms per det call",
                 flush=True,
             )
+            print(f"    queue wait per item / wall per call, ms (measured window): {res['stages']}", flush=True)
+            if res["gate"]:
+                print(f"    cpu gate (whole round): {res['gate']}", flush=True)
             print(f"    calls by batch size (measured window): {res['sizes']}", flush=True)
-            if name in ("written", "gated"):
+            if name in ("written", "ungated", "fifo"):
                 for t, model, cap, wait, reason in res["decisions"]:
                     when = "  end" if t == float("inf") else f"{t:5.1f}s"
                     print(f"    {when} {model:<8} cap {cap:>2} wait {wait:4.1f} ms  {reason}", flush=True)
@@ -168,7 +194,9 @@ async def run(
         (a, b, key)
         for key in ("rps", "det_s")
         for a, b in (("written", "tuned"), ("fixed", "tuned"), ("written", "fixed"))
-        + ((("written", "gated"),) if gated else ())
+        + ((("written", "ungated"), ("ungated", "tuned")) if ungated else ())
+        + ((("fifo", "tuned"), ("written", "fifo")) if "fifo" in results else ())
+        + ((("written", "tuned0"), ("tuned", "tuned0")) if "tuned0" in results else ())
         if a in results and b in results
     ]
     for a, b, key in pairs:
@@ -188,23 +216,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--gated", action="store_true", help="also the graph as written with Executor(cpu_slots=None)")
+    ap.add_argument("--ungated", action="store_true", help="also the graph as written with Executor(cpu_slots=0)")
     ap.add_argument(
         "--variants",
         default="",
-        help="comma-separated subset of written,fixed,tuned,gated to run (default: all; e.g. written,tuned "
+        help="comma-separated subset of written,fixed,tuned,ungated,fifo,tuned0 (default: all; e.g. written,tuned "
         "for shorter runs to alternate between two source trees)",
     )
     args = ap.parse_args()
     only = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(only) - {"written", "fixed", "tuned", "gated"})
+    unknown = sorted(set(only) - {"written", "fixed", "tuned", "ungated", "fifo", "tuned0"})
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, gated")
+        raise SystemExit(f"--variants: unknown {unknown}; choose from written, fixed, tuned, ungated, fifo, tuned0")
     if not args.sidecar.exists():
         raise SystemExit(
             f"no usg tune sidecar at {args.sidecar}; run `usg tune` on a copy of {GRAPH} and pass --sidecar"
         )
-    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients, args.gated or "gated" in only, only))
+    asyncio.run(run(args.sidecar, args.rounds, args.duration, args.clients, args.ungated or "ungated" in only, only))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from usg.ops.signature import signature_of
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
-from usg.runtime.cpu_gate import CpuGate
+from usg.runtime.cpu_gate import CpuGate, output_ranks
 from usg.runtime.deferral import call_deferring, deferred_ports
 from usg.runtime.events import (
     EventSink,
@@ -72,9 +72,10 @@ class Executor:
     node in its own deployment). ``batching=False`` forces one backend call per item even
     where the graph declares a batch policy. ``timeout_s`` is the default per-request deadline.
     ``cache=False`` ignores the graph's ``cache:`` settings (no node is cached).
-    ``cpu_slots`` caps single-threaded CPU model calls in flight across all models (``None``:
-    the usable cores; default 0, no cap: at low load the cap cost 3% req/s on the document graph,
-    benchmarks/README.md; :mod:`usg.runtime.cpu_gate`).
+    ``cpu_slots`` caps single-threaded CPU model calls in flight across all models, a free core
+    going to the step nearest the graph's outputs first (default ``None``: the usable cores; 0: no
+    cap, the operating system shares the cores; :mod:`usg.runtime.cpu_gate`, benchmarks/README.md
+    issue #21 session 10).
     """
 
     def __init__(
@@ -88,12 +89,12 @@ class Executor:
         workers: int | None = None,
         observers: Sequence[Observer] = (),
         cache: bool = True,
-        cpu_slots: int | None = 0,
+        cpu_slots: int | None = None,
     ) -> None:
         self.graph = graph
         #: CPU-bound (single-threaded CPU) model calls in flight across models: at most one per
-        #: usable core with cpu_slots=None (the default 0: no cap); see usg.runtime.cpu_gate
-        self.cpu_gate = CpuGate(cpu_slots)
+        #: usable core (cpu_slots=None, the default), nearest the output first; see usg.runtime.cpu_gate
+        self.cpu_gate = CpuGate(cpu_slots, output_ranks(graph))
         self.timeout_s = timeout_s
         self.batching = batching
         self.observers = list(observers)

@@ -211,7 +211,7 @@ class BatchKernel:
         if self.gate is None or not self.gate.applies(self.backend):
             return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, None, alone, rows)
         queued = time.perf_counter()
-        async with self.gate.hold(self.backend):  # waiting for a core is queueing, not compute
+        async with self.gate.hold(self.backend, self.model):  # waiting for a core is queueing, not compute
             return await self._call_now(items, indices, waits_ms, start, pool, deliver, emit, queued, alone, rows)
 
     async def _call_now(

@@ -123,7 +123,7 @@ class DirectRunner:
                 timing.queue_ms = round_trip - timing.compute_ms
                 timing.batch_size = far.batch_size
             return out
-        async with self._sem, self._gate.hold(self.backend):
+        async with self._sem, self._gate.hold(self.backend, self.model):
             t1 = time.perf_counter()
             if self.backend.runs_inline(item):
                 out = call_backend(self.backend, self.model, item)

@@ -129,6 +129,7 @@ class ServeContext:
     async def startup(self) -> None:
         await self.executor.start()
         self.metrics.bind_runners(self.executor.runners)
+        self.metrics.bind_gate(self.executor.cpu_gate)
         for addon in self.addons:
             addon.bind(self)
         if self.state is ServeState.STARTING:

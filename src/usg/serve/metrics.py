@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from usg.runtime.observer import CacheEvent, NodeEvent, Observer
 from usg.serve.label_cache import LabelCache
@@ -164,6 +166,11 @@ class ServeMetrics(Observer):
                 self.batch_cap.labels(name).set_function(_cap_of(runner))
                 self.batch_wait.labels(name).set_function(_wait_of(runner))
 
+    def bind_gate(self, gate: Any) -> None:
+        """Export the executor's CPU gate (:class:`usg.runtime.cpu_gate.CpuGate`): its slots and, per
+        model, its rank and the calls that waited for a core or went past an earlier waiter."""
+        self.registry.register(_GateCollector(gate))
+
     def set_inflight_source(self, source: Callable[[], float]) -> None:
         self.inflight.set_function(source)
 
@@ -239,3 +246,41 @@ def _cap_of(runner: Any) -> Callable[[], float]:
 
 def _wait_of(runner: Any) -> Callable[[], float]:
     return lambda: float(runner.batch_wait_ms) / 1e3
+
+
+class _GateCollector(Collector):
+    """``usg_cpu_gate_*``: read from the gate's counters at each scrape."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate
+
+    def collect(self) -> Any:
+        g = self.gate
+        slots = GaugeMetricFamily("usg_cpu_gate_slots", "Single-threaded CPU model calls allowed at once (0: no cap).")
+        slots.add_metric([], float(g.slots))
+        yield slots
+        rank = GaugeMetricFamily(
+            "usg_cpu_gate_rank",
+            "A model's distance to the graph's outputs; a freed core goes to the waiting call of the lowest.",
+            labels=["model"],
+        )
+        calls = CounterMetricFamily("usg_cpu_gate_calls", "Model calls through the CPU gate.", labels=["model"])
+        waited = CounterMetricFamily(
+            "usg_cpu_gate_waited_calls", "Calls through the CPU gate that waited for a core.", labels=["model"]
+        )
+        wait_s = CounterMetricFamily(
+            "usg_cpu_gate_wait_seconds", "Time calls waited for a core at the CPU gate.", labels=["model"]
+        )
+        overtook = CounterMetricFamily(
+            "usg_cpu_gate_overtakes",
+            "Cores handed to a call of this model before an earlier waiting call of another model.",
+            labels=["model"],
+        )
+        for model, r in sorted(g.ranks.items()):
+            rank.add_metric([model], float(r))
+        for model in sorted(g.calls):
+            calls.add_metric([model], float(g.calls[model]))
+            waited.add_metric([model], float(g.waited[model]))
+            wait_s.add_metric([model], float(g.wait_s[model]))
+            overtook.add_metric([model], float(g.overtook[model]))
+        yield from (rank, calls, waited, wait_s, overtook)
