@@ -46,26 +46,51 @@ EventSink = Callable[[NodeFinished | TokenDelta], None]
 #: receives one LLM node's token deltas (the executor binds the node's name)
 TokenCallback = Callable[[str], None]
 
-_DONE = object()
-
 
 async def stream_events(run: Callable[[EventSink], Awaitable[InferResult]]) -> AsyncGenerator[ExecutionEvent, None]:
     """Run ``run(sink)`` as a task and yield its events, then :class:`Finished`; its error is
     raised here. Closing the iterator early (the client went away) cancels the run, which
-    closes its engine connections. The queue holds at most what the request produces (its
-    nodes and its engines' ``max_tokens``), so it is bounded by the request itself."""
-    queue: asyncio.Queue[object] = asyncio.Queue()
-    task = asyncio.ensure_future(run(queue.put_nowait))
-    task.add_done_callback(lambda _t: queue.put_nowait(_DONE))
+    closes its engine connections. The buffer holds at most what the request produces (its
+    nodes and its engines' ``max_tokens``), so it is bounded by the request itself.
+
+    Per token this is the cheapest hand-over asyncio has: the sink appends to a list and wakes
+    the reader only when it sleeps (one future a wake-up, not a queue's per item); the reader
+    takes everything buffered at once, and a finished run ends the iterator in the same loop
+    step as its result (no wait on a task that is already done)."""
+    loop = asyncio.get_running_loop()
+    buffer: list[NodeFinished | TokenDelta] = []
+    waiter: list[asyncio.Future[None] | None] = [None]
+
+    def wake(_arg: object = None) -> None:
+        fut = waiter[0]
+        if fut is not None:
+            waiter[0] = None
+            if not fut.done():
+                fut.set_result(None)
+
+    def sink(event: NodeFinished | TokenDelta) -> None:
+        buffer.append(event)
+        if waiter[0] is not None:
+            wake()
+
+    task = asyncio.ensure_future(run(sink))
+    task.add_done_callback(wake)
     try:
         while True:
-            event = await queue.get()
-            if event is _DONE:
+            if buffer:
+                ready = buffer[:]
+                buffer.clear()
+                for event in ready:
+                    yield event
+                continue
+            if task.done():
                 break
-            assert isinstance(event, NodeFinished | TokenDelta)
-            yield event
+            fut = waiter[0] = loop.create_future()
+            await fut
         yield Finished(task.result())
     finally:
         if not task.done():
             task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # its error was raised above, or nobody waits
+            await asyncio.gather(task, return_exceptions=True)
+        elif not task.cancelled():
+            task.exception()  # retrieved: its error was raised above, or nobody waits

@@ -21,7 +21,7 @@ from usg.errors import USGError
 from usg.runtime.events import ExecutionEvent, Finished, NodeFinished, TokenDelta
 from usg.serve.context import ServeContext
 from usg.serve.errors import InternalError, rejection_reason, v1_error_body
-from usg.serve.sse import EventStreamResponse, sse_event
+from usg.serve.sse import EventStreamResponse, json_str, sse_event
 
 __all__ = ["Renderer", "event_stream", "v1_renderer"]
 
@@ -41,10 +41,14 @@ class Renderer:
 class _V1(Renderer):
     def __init__(self, request_id: str) -> None:
         self.rid = request_id
+        self._token_head: dict[str, str] = {}
 
     def event(self, event: ExecutionEvent) -> bytes | None:
-        if isinstance(event, TokenDelta):
-            return sse_event("token", {"node": event.node, "text": event.text})
+        if isinstance(event, TokenDelta):  # once per token: the bytes sse_event writes, put together directly
+            head = self._token_head.get(event.node)
+            if head is None:
+                head = self._token_head[event.node] = f'event: token\ndata: {{"node":{json_str(event.node)},"text":'
+            return f"{head}{json_str(event.text)}}}\n\n".encode()
         if isinstance(event, NodeFinished):
             return sse_event("node", {"node": event.node, "ms": round(event.ms, 3)})
         return sse_event("result", {**event.result.to_json_dict(), "request_id": self.rid})

@@ -20,13 +20,16 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["HEARTBEAT", "EventStreamResponse", "sse_data", "sse_event"]
+__all__ = ["HEARTBEAT", "EventStreamResponse", "json_str", "sse_data", "sse_event"]
 
 HEARTBEAT = b": keep-alive\n\n"
 
 
-def _json(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+#: ``json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`` without
+#: building an encoder per call (json.dumps does, for any non-default argument)
+_json: Callable[[Any], str] = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+#: one JSON string, as ``_json`` writes it (a token event's text is encoded with this alone)
+json_str: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def sse_event(event: str, data: Any) -> bytes:
@@ -72,9 +75,9 @@ class EventStreamResponse(Response):
                 await send({"type": "http.response.body", "body": body, "more_body": more})
             last_sent[0] = time.monotonic()
 
+        start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            producer = asyncio.create_task(self._pump(emit), context=self._context)
+            producer = asyncio.create_task(self._pump(send, start, emit), context=self._context)
             watchers = [asyncio.create_task(_disconnected(receive)), asyncio.create_task(self._beat(emit, last_sent))]
             try:
                 await asyncio.wait([producer, watchers[0]], return_when=asyncio.FIRST_COMPLETED)
@@ -86,7 +89,10 @@ class EventStreamResponse(Response):
             for fn in self._on_close:
                 fn()
 
-    async def _pump(self, emit: Callable[..., Any]) -> None:
+    async def _pump(self, send: Send, start: dict[str, Any], emit: Callable[..., Any]) -> None:
+        # the head goes in the same loop step as the first event: one write (usg serve joins a
+        # step's writes), one wake-up of the client
+        await send(start)
         async with contextlib.aclosing(self.chunks) as chunks:
             async for chunk in chunks:
                 await emit(chunk)
