@@ -200,6 +200,7 @@ def main() -> None:
                 _direct(client, eurl, streamed)
                 _usg(client, uurl, QUESTION, stream=False)
                 _usg(client, uurl, QUESTION, stream=True)
+                client.post(f"{burl}/v1/infer", json={"inputs": {"question": QUESTION}}).raise_for_status()
             print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
             cpu0 = _cpu_s(usg_server.proc.pid)
             d_lat, u_lat = _alternate(
