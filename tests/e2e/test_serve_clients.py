@@ -171,3 +171,40 @@ def test_a_trickling_body_and_trickling_headers_are_cut_off(serve: Callable[...,
                 assert answer.startswith(b"HTTP/1.1 408"), answer
         finally:
             s.close()
+
+
+def _answer(s: socket.socket, text: str) -> bytes:
+    """Send one keep-alive JSON request on ``s`` and read its whole answer (Content-Length body)."""
+    body = b'{"inputs": {"text": "%s"}}' % text.encode()
+    s.sendall(
+        b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+    s.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        rest += s.recv(65536)
+    return head
+
+
+def test_the_header_deadline_is_each_requests_own_on_a_kept_alive_connection(
+    serve: Callable[..., Server], slow_graph: Path
+) -> None:
+    """One header timer per connection (usg.serve.server): a reused connection idle past the header
+    timeout still gets its next request answered, and a later request whose headers stall is cut off."""
+    server = serve(slow_graph, "--header-timeout", "1", "--keepalive-timeout", "5")
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        assert _answer(s, "a").startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # past the header timeout since the connection opened and since its last request
+        assert _answer(s, "b").startswith(b"HTTP/1.1 200")
+        s.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-")  # then nothing
+        assert _closed_by_server(s, within_s=6.0)
+    finally:
+        s.close()

@@ -356,8 +356,8 @@ class OpenAIBackend(Backend):
                     text = reader.finish()
                     call.first, call.gaps = None, []  # read at once: no token timing to report
                 else:
-                    text = self._answer(resp)
-                    call.chunk(resp.json())
+                    text, doc = self._answer(resp)
+                    call.chunk(doc)
             except USGError as exc:
                 if isinstance(exc, BackendError):  # the engine answered with this status
                     call.status = exc.status
@@ -411,8 +411,8 @@ class OpenAIBackend(Backend):
                     raise self._engine_error(resp, f"POST {path}")
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
                     await resp.aread()  # an engine that answers a stream request with one JSON completion
-                    text = self._answer(resp)
-                    call.chunk(resp.json())
+                    text, doc = self._answer(resp)
+                    call.chunk(doc)
                     if on_token is not None and text:
                         on_token(text)
                     return text
@@ -456,9 +456,11 @@ class OpenAIBackend(Backend):
             return resp
         raise AssertionError("unreachable")
 
-    def _answer(self, resp: Any) -> str:
+    def _answer(self, resp: Any) -> tuple[str, Any]:
+        """The completion's text, and its JSON document (parsed once)."""
         try:
-            return openai_api.answer_text(self.endpoint, resp.json())
+            doc = resp.json()
+            return openai_api.answer_text(self.endpoint, doc), doc
         except (ValueError, KeyError, IndexError, TypeError):
             field = "choices[0].message.content" if self.endpoint == "chat" else "choices[0].text"
             raise BackendError(

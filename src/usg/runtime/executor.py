@@ -432,8 +432,8 @@ class Executor:
             for t in state.tasks.values():
                 if not t.done():
                     t.cancel()
-            # let cancelled tasks finish so no "Task was destroyed" warnings leak
-            await asyncio.gather(*state.tasks.values(), return_exceptions=True)
+            if state.tasks:  # let cancelled tasks finish so no "Task was destroyed" warnings leak
+                await asyncio.gather(*state.tasks.values(), return_exceptions=True)
             if self.cache is not None and state.cache is not None:
                 self.cache.finish(state.cache)
         for obs in self.observers:

@@ -101,23 +101,35 @@ def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
     base: Any = AutoHTTPProtocol
 
     class HeaderTimeoutProtocol(base):
+        # One timer per connection, not one per request: a request's first bytes note the time
+        # (``_usg_since``) and arm the timer only if none is pending; its complete headers clear
+        # the time without cancelling the timer, which, when it fires, closes the connection if
+        # the noted headers are overdue, waits for the rest of the deadline if they are not, and
+        # ends if no headers are awaited (uvloop makes and frees a timer handle per call_later).
         _usg_timer: asyncio.TimerHandle | None = None
+        _usg_since: float | None = None
 
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
 
         def _arm(self) -> None:
+            if self._usg_since is None:
+                self._usg_since = self.loop.time()
             if self._usg_timer is None:
-                self._usg_timer = self.loop.call_later(header_timeout_s, self._usg_expire)
+                self._usg_timer = self.loop.call_at(self._usg_since + header_timeout_s, self._usg_expire)
 
         def _disarm(self) -> None:
-            if self._usg_timer is not None:
-                self._usg_timer.cancel()
-                self._usg_timer = None
+            self._usg_since = None  # the pending timer (if any) finds nothing awaited
 
         def _usg_expire(self) -> None:
             self._usg_timer = None
-            if self._idle() and not self.transport.is_closing():
+            since = self._usg_since
+            if since is None or self.transport.is_closing():
+                return
+            due = since + header_timeout_s
+            if due > self.loop.time():  # headers noted after the timer was armed: the rest of their time
+                self._usg_timer = self.loop.call_at(due, self._usg_expire)
+            elif self._idle():
                 self.transport.close()  # headers never completed: a stalled or slowloris client
 
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -132,7 +144,10 @@ def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
                 self._disarm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            if self._usg_timer is not None:
+                self._usg_timer.cancel()
+                self._usg_timer = None
+            self._usg_since = None
             super().connection_lost(exc)
 
     return HeaderTimeoutProtocol
