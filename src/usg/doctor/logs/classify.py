@@ -95,7 +95,8 @@ _CHAIN = re.compile(r"^(During handling of the above exception|The above excepti
 _ERRORISH = re.compile(
     r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\bE\d{4} |\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception): "
     r"|"
-    r"\bfailed\b|\bFAILED\b|\bcannot\b|\bcould not\b|\bnot supported\b|\bunsupported\b|\bout of memory\b)",
+    r"\bfailed\b|\bFAILED\b|\bcannot\b|\bcould not\b|\bnot supported\b|\bunsupported\b|\bout of memory\b|"
+    r"onnxruntime_pybind11_state\.[A-Z]\w+\b)",
     re.IGNORECASE,
 )
 _NOT_ERROR = re.compile(r"\b(0 errors?|no errors?|without errors?|error_count=0|errors?: 0)\b", re.IGNORECASE)
@@ -105,7 +106,7 @@ LEARNED_ONLY_SIMILARITY = 0.3  # a line no error marker flags needs a closer kno
 # wording of problems that are not always flagged as errors (a warning, a bare message): known cases decide
 _PROBLEMISH = re.compile(
     r"invalid|mismatch|expected|unexpected|exceed|larger than|longer than|insufficient|incompatible|not enough|"
-    r"no available|unable|undefined symbol|does not|cannot|could not|not found|killed",
+    r"no available|unable|undefined symbol|does not|cannot|could not|not found|killed|\bmust be\b",
     re.IGNORECASE,
 )
 

@@ -313,3 +313,40 @@ def _backend_api(m: re.Match[str]) -> Explained:
         "r<version>), or rebuild it against this server's TRITON_BACKEND_API",
         {"message": m.group(0)},
     )
+
+
+@_rule(
+    "LOG072",
+    "transformers",
+    "model type newer than the installed transformers",
+    R.VERSION_COUPLING,
+    r"CONFIG_MAPPING\[config_dict\[.model_type.\]\].{0,400}?KeyError: '(?P<ctx>[\w.-]+)'"
+    r"|^\W*KeyError: '(?P<mt>(?-i:[a-z][a-z0-9_]*\d[a-z0-9_]*))'",
+)
+def _unknown_model_type(m: re.Match[str]) -> Explained:
+    model_type = m["ctx"] or m["mt"]
+    return Explained(
+        f"the checkpoint's config.json names model_type {model_type!r}, which the installed transformers does not "
+        "know (its CONFIG_MAPPING has no such key): the model is newer than that transformers release",
+        f"upgrade transformers to a release that has {model_type!r} (see the model card's required version; "
+        "engines such as vLLM/SGLang pin their own transformers), or load it with trust_remote_code if the model "
+        "ships its own code",
+        {"model_type": model_type},
+    )
+
+
+@_rule(
+    "LOG073",
+    "triton",
+    "platform unknown to this Triton release",
+    R.VERSION_COUPLING,
+    r"unexpected platform type '?(?P<platform>[\w.-]+)'? for '?(?P<model>[\w.-]+)",
+)
+def _unknown_platform(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"this Triton server does not know platform {m['platform']!r} (model {m['model']!r}): the platform or its "
+        "backend came after this release, or this release mishandles it",
+        f"run a Triton release that supports {m['platform']!r} (or give config.pbtxt the backend field its "
+        "documentation for this release names)",
+        {"platform": m["platform"], "model": m["model"]},
+    )

@@ -1,0 +1,77 @@
+"""usg doctor logs: a model type the installed transformers does not know (``KeyError: '<model_type>'``), a Triton
+platform the server release does not know, and ONNX Runtime's Python exceptions taken for error lines.
+
+Every excerpt is a real message users pasted in a public thread (the thread is named beside it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from usg.doctor.findings import RootCause
+from usg.doctor.logs.classify import classify_text, root_error
+
+
+def _root(text: str):  # type: ignore[no-untyped-def]
+    return root_error(classify_text(text, "pasted.log", learned=False))
+
+
+@pytest.mark.parametrize(
+    ("text", "model_type"),
+    [
+        # hiyouga/LlamaFactory#9178 (transformers older than Qwen3-Next)
+        ("KeyError: 'qwen3_next' qwen3-next", "qwen3_next"),
+        # Tencent-Hunyuan/Hunyuan-7B#3 (transformers older than the Hunyuan dense model)
+        ("KeyError: 'hunyuan_v1_dense'", "hunyuan_v1_dense"),
+        # vllm-project/vllm#4315 (DBRX before transformers had it: the frames name CONFIG_MAPPING)
+        (
+            '  File "/usr/local/lib/python3.10/dist-packages/transformers/models/auto/configuration_auto.py", line '
+            '1155, in from_pretrained\n    config_class = CONFIG_MAPPING[config_dict["model_type"]]\n  File '
+            '"/usr/local/lib/python3.10/dist-packages/transformers/models/auto/configuration_auto.py", line 852, in '
+            "__getitem__\n    raise KeyError(key)\nKeyError: 'dbrx'",
+            "dbrx",
+        ),
+    ],
+)
+def test_unknown_model_type_is_a_transformers_release_mismatch(text: str, model_type: str) -> None:
+    root = _root(text)
+    assert root is not None and root.code == "LOG072"
+    assert root.root_cause is RootCause.VERSION_COUPLING
+    assert root.evidence["model_type"] == model_type
+    assert "upgrade transformers" in root.fix
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "KeyError: 'app3_Modell'",  # ray-project/ray#33579: a Serve config naming a deployment the app lacks
+        "KeyError: 'layers.0.mlp.down_proj.weight'",  # unslothai/unsloth#1268: a weight name, not a model type
+        "KeyError: 'input_ids'",  # a dict key without a digit: no model type is recognisable
+    ],
+)
+def test_other_key_errors_are_not_read_as_model_types(text: str) -> None:
+    root = _root(text)
+    assert root is not None and root.code != "LOG072"
+
+
+@pytest.mark.parametrize(
+    ("text", "platform", "model"),
+    [
+        # triton-inference-server/server#911 (19.03 predates onnxruntime_onnx; confirmed by the reporter)
+        ("unexpected platform type onnxruntime_onnx for faces", "onnxruntime_onnx", "faces"),
+        # triton-inference-server/server#3026 (a Triton bug fixed in a later release)
+        ("unexpected platform type tensorflow_savedmodel for rul", "tensorflow_savedmodel", "rul"),
+    ],
+)
+def test_platform_unknown_to_the_triton_release_is_version_coupling(text: str, platform: str, model: str) -> None:
+    root = _root(text)
+    assert root is not None and root.code == "LOG073"
+    assert root.root_cause is RootCause.VERSION_COUPLING
+    assert (root.evidence["platform"], root.evidence["model"]) == (platform, model)
+
+
+def test_onnxruntime_python_exception_is_an_error_line() -> None:
+    # microsoft/onnxruntime#16153: "Fail --" is neither "failed" nor "...Error:", but it is ONNX Runtime's exception
+    text = "onnxruntime.capi.onnxruntime_pybind11_state.Fail -- Unknown model file format version."
+    root = _root(text)
+    assert root is not None and root.code == "LOG000"
+    assert "Unknown model file format version" in root.evidence["line_text"]
