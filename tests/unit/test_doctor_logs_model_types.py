@@ -60,6 +60,14 @@ def test_other_key_errors_are_not_read_as_model_types(text: str) -> None:
         ("unexpected platform type onnxruntime_onnx for faces", "onnxruntime_onnx", "faces"),
         # triton-inference-server/server#3026 (a Triton bug fixed in a later release)
         ("unexpected platform type tensorflow_savedmodel for rul", "tensorflow_savedmodel", "rul"),
+        # triton-inference-server/server#4233 (labelled environment: a build without the TensorFlow backend; the
+        # message is the same, so the rule names the more frequent cause and its fix covers both)
+        (
+            "Poll failed for model directory 'inception_graphdef': unexpected platform type 'tensorflow_graphdef' for "
+            "inception_graphdef",
+            "tensorflow_graphdef",
+            "inception_graphdef",
+        ),
     ],
 )
 def test_platform_unknown_to_the_triton_release_is_version_coupling(text: str, platform: str, model: str) -> None:
@@ -67,6 +75,7 @@ def test_platform_unknown_to_the_triton_release_is_version_coupling(text: str, p
     assert root is not None and root.code == "LOG073"
     assert root.root_cause is RootCause.VERSION_COUPLING
     assert (root.evidence["platform"], root.evidence["model"]) == (platform, model)
+    assert "built with its backend" in root.fix
 
 
 def test_onnxruntime_python_exception_is_an_error_line() -> None:

@@ -8,7 +8,8 @@ How a log is read:
 2. Every other line is matched against the rules of :mod:`usg.doctor.logs.rules`; a rule may read
    the next few lines for values (ONNX Runtime writes ``index: 0 Got: 32 Expected: 1`` below).
 3. A line no rule matches but that looks like an error (``ERROR``, ``[E]``, glog ``E0412``,
-   ``…Error:``/``Exception:``, ``failed``) becomes ``LOG000`` — unclassified, never forced into
+   ``…Error:``/``Exception:``, ``failed``, ONNX Runtime's ``onnxruntime_pybind11_state.Fail``) becomes
+   ``LOG000`` — unclassified, never forced into
    a class.
 4. Such a line then goes to the learned layer, fitted on the labelled corpus of real user reports
    (:mod:`usg.doctor.logs.similar`, :mod:`usg.doctor.logs.model`): a linear model over its error

@@ -344,9 +344,10 @@ def _unknown_model_type(m: re.Match[str]) -> Explained:
 )
 def _unknown_platform(m: re.Match[str]) -> Explained:
     return Explained(
-        f"this Triton server does not know platform {m['platform']!r} (model {m['model']!r}): the platform or its "
-        "backend came after this release, or this release mishandles it",
-        f"run a Triton release that supports {m['platform']!r} (or give config.pbtxt the backend field its "
-        "documentation for this release names)",
+        f"this Triton server does not know platform {m['platform']!r} (model {m['model']!r}): most often the "
+        "platform came after this release (or this release mishandles it); a server built without that backend "
+        "says the same",
+        f"run a Triton release that supports {m['platform']!r}, built with its backend (the NGC image has them all; "
+        "a source build needs --backend for it), or give config.pbtxt the backend field this release documents",
         {"platform": m["platform"], "model": m["model"]},
     )
