@@ -84,3 +84,35 @@ def test_onnxruntime_python_exception_is_an_error_line() -> None:
     root = _root(text)
     assert root is not None and root.code == "LOG000"
     assert "Unknown model file format version" in root.evidence["line_text"]
+
+
+def test_onnxruntime_missing_kernel_without_a_node_name_is_unsupported_op() -> None:
+    # microsoft/onnxruntime#24919 (the message quoted in a sentence, without "node with name")
+    text = (
+        "onnxruntime can execute the model correctly with the CUDAExecutionProvider, while returning error code with "
+        "the CPUExecutionProvider: NOT_IMPLEMENTED : Could not find an implementation for Resize(13)"
+    )
+    root = _root(text)
+    assert root is not None and (root.code, root.root_cause) == ("LOG009", RootCause.UNSUPPORTED_OP)
+    assert (root.evidence["op"], root.evidence["opset"]) == ("Resize", 13) and "node" not in root.evidence
+
+
+@pytest.mark.parametrize(
+    ("text", "operator", "python_op"),
+    [
+        # pytorch/pytorch#21139 (no symbolic for aten::var in that exporter)
+        ("RuntimeError: ONNX export failed: Couldn't export operator aten::var", "aten::var", False),
+        # pranavphoenix/WaveMixSR#5 (an autograd Function without a symbolic)
+        (
+            "    ) = graph._export_onnx(  # type: ignore[attr-defined]\n"
+            "RuntimeError: ONNX export failed: Couldn't export Python operator AFB2D",
+            "AFB2D",
+            True,
+        ),
+    ],
+)
+def test_operator_the_exporter_cannot_write_is_unsupported_op(text: str, operator: str, python_op: bool) -> None:
+    root = _root(text)
+    assert root is not None and (root.code, root.root_cause) == ("LOG013", RootCause.UNSUPPORTED_OP)
+    assert root.evidence["operator"] == operator
+    assert root.evidence.get("python_op", False) is python_op

@@ -305,12 +305,12 @@ def _ort_rank(m: re.Match[str]) -> Explained:
     "onnxruntime",
     "no kernel for op",
     R.UNSUPPORTED_OP,
-    r"Could not find an implementation for (?P<op>\w+)\((?P<ver>\d+)\) node with name '(?P<node>[^']*)'",
+    r"Could not find an implementation for (?P<op>\w+)\((?P<ver>\d+)\)(?: node with name '(?P<node>[^']*)')?",
 )
 def _ort_kernel(m: re.Match[str]) -> Explained:
+    node = f" (node {m['node']!r})" if m["node"] is not None else ""
     return Explained(
-        f"this ONNX Runtime build has no kernel for {m['op']} (opset {m['ver']}) with these input types "
-        f"(node {m['node']!r})",
+        f"this ONNX Runtime build has no kernel for {m['op']} (opset {m['ver']}) with these input types{node}",
         "upgrade onnxruntime, or re-export so the op gets a supported type (often float16/int8 → float32) or opset",
         {"op": m["op"], "opset": int(m["ver"]), "node": m["node"]},
     )

@@ -41,6 +41,27 @@ def _onnx_op(m: re.Match[str]) -> Explained:
 
 
 @_rule(
+    "LOG013",
+    "torch.onnx",
+    "operator the exporter cannot write",
+    R.UNSUPPORTED_OP,
+    r"ONNX export failed:? Couldn't export (?P<python>Python )?operator (?P<op>[\w:.]+)",
+)
+def _onnx_op_export_failed(m: re.Match[str]) -> Explained:
+    if m["python"]:  # a torch.autograd.Function the exporter sees as an opaque Python op
+        return Explained(
+            f"{m['op']} is a Python autograd Function the ONNX exporter cannot see into",
+            f"give {m['op']} a symbolic() static method (or register a custom op), or rewrite it with torch ops",
+            {"operator": m["op"], "python_op": True},
+        )
+    return Explained(
+        f"the ONNX exporter has no symbolic for {m['op']}",
+        "export with a newer opset or PyTorch (the dynamo exporter), register a custom symbolic, or replace the call",
+        {"operator": m["op"]},
+    )
+
+
+@_rule(
     "LOG014",
     "torch.onnx",
     "trace froze a value",
