@@ -116,3 +116,45 @@ def test_operator_the_exporter_cannot_write_is_unsupported_op(text: str, operato
     assert root is not None and (root.code, root.root_cause) == ("LOG013", RootCause.UNSUPPORTED_OP)
     assert root.evidence["operator"] == operator
     assert root.evidence.get("python_op", False) is python_op
+
+
+@pytest.mark.parametrize(
+    ("text", "evidence", "says"),
+    [
+        # huggingface/text-generation-inference#1451 (the launcher's flag values are lower-case)
+        (
+            "error: invalid value 'True' for '--disable-custom-kernels'\n  [possible values: true, false]",
+            {"flag": "--disable-custom-kernels", "value": "True"},
+            "does not accept",
+        ),
+        # sgl-project/sglang#302 (a ':branch' suffix makes the model path no repo id)
+        (
+            "huggingface_hub.utils._validators.HFValidationError: Repo id must use alphanumeric chars or '-', '_', "
+            "'.', '--' and '..' are forbidden, '-' and '.' cannot start or end the name, max length is 96: "
+            "'TheBloke/Mistral-7B-v0.1-GPTQ:gptq-4bit-32g-actorder_True'.",
+            {"model_id": "TheBloke/Mistral-7B-v0.1-GPTQ:gptq-4bit-32g-actorder_True"},
+            "valid Hugging Face repo id",
+        ),
+        # triton-inference-server/server#7497 (the checkpoint is not a complete torch archive)
+        (
+            "failed to load 'bert' version 1: Internal: failed to load model 'bert': PytorchStreamReader failed "
+            "reading zip archive: failed finding central directory",
+            {},
+            "not a complete PyTorch archive",
+        ),
+        # triton-inference-server/tensorrtllm_backend#500 (an empty JSON config)
+        (
+            "UNAVAILABLE: Internal: unexpected error when creating modelInstanceState: "
+            "[json.exception.parse_error.101] parse error at line 1, column 1: syntax error while parsing value - "
+            "unexpected end of input;",
+            {},
+            "empty or malformed",
+        ),
+    ],
+)
+def test_input_the_program_cannot_parse_is_a_config_error(text: str, evidence: dict[str, str], says: str) -> None:
+    root = _root(text)
+    assert root is not None and (root.code, root.root_cause) == ("LOG074", RootCause.CONFIG_INVALID)
+    assert says in root.message
+    for key, value in evidence.items():
+        assert root.evidence[key] == value

@@ -197,3 +197,45 @@ def _illegal_instruction(m: re.Match[str]) -> Explained:
         "use a build for this CPU (a generic/no-AVX wheel or image, or build from source on it)",
         {"signal": 4},
     )
+
+
+@_rule(
+    "LOG074",
+    "config",
+    "argument, model id or file the program cannot parse",
+    R.CONFIG_INVALID,
+    r"(?P<repo>HFValidationError: Repo id must[^\n]*)"
+    r"|error: invalid value '(?P<value>[^'\n]*)' for '(?P<flag>--?[\w-]+)(?: <[\w-]+>)?'"
+    r"|(?P<zip>PytorchStreamReader failed reading zip archive: failed finding central directory)"
+    r"|(?P<json>\[json\.exception\.parse_error\.\d+\] parse error at line \d+, column \d+)",
+)
+def _unparsable_input(m: re.Match[str]) -> Explained:
+    if m["flag"]:
+        return Explained(
+            f"the command line gives {m['flag']} the value {m['value']!r}, which the program does not accept",
+            f"pass {m['flag']} one of the values its --help lists (flags are case-sensitive: 'true', not 'True')",
+            {"flag": m["flag"], "value": m["value"]},
+        )
+    if m["zip"]:
+        return Explained(
+            "the checkpoint file is not a complete PyTorch archive (a truncated or failed download, a git-lfs "
+            "pointer file, or another format saved under a .pt/.bin name)",
+            "download the checkpoint again (git lfs pull) and check its size, or point the config at the real file",
+            {},
+        )
+    if m["json"]:
+        return Explained(
+            "a JSON configuration file is empty or malformed (" + m["json"] + ")",
+            "check the JSON file the backend reads (e.g. the engine's config.json): that it exists where the config "
+            "points, is not empty, and parses (python -m json.tool)",
+            {},
+        )
+    named = re.search(r":\s*'(?P<id>[^'\n]+)'\.?\s*$", m["repo"])
+    repo = named["id"] if named else None
+    return Explained(
+        "the model path is neither an existing local directory nor a valid Hugging Face repo id"
+        + (f": {repo!r}" if repo else ""),
+        "pass an existing local directory (absolute path) or an 'org/name' repo id; a suffix such as ':branch' "
+        "or a typo in the path makes it neither",
+        {"model_id": repo},
+    )
