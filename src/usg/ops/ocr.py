@@ -145,23 +145,11 @@ def _det_input(img: np.ndarray, limit_side_len: int = 736) -> np.ndarray:
     pre = _det_resizer(limit_side_len)
     resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
     # (x / 255 - 0.5) / 0.5 in float32 (RapidOCR computes it in float64 and casts: same values to ~1e-7,
-    # at a third of the cost on a 1536x736 page), as a table of the 256 uint8 values applied to the
-    # channel-first uint8 image: one pass writing the 12.7 MB float32 input instead of four over it
-    # (convert, scale, shift, transpose) — the same float32 values bit for bit (benchmarks/README.md,
-    # issue #21 session 11)
-    h, w = resized.shape[:2]
-    chw = np.ascontiguousarray(resized.transpose(2, 0, 1)).reshape(3 * h, w)
-    return cv2.LUT(chw, _DET_LUT).reshape(1, 3, h, w)
-
-
-def _det_lut() -> np.ndarray:
-    lut = np.arange(256, dtype=np.float32)
-    lut *= np.float32(2.0 / 255.0)
-    lut -= np.float32(1.0)
-    return lut
-
-
-_DET_LUT = _det_lut()
+    # at a third of the cost on a 1536x736 page)
+    x = resized.astype(np.float32)
+    x *= np.float32(2.0 / 255.0)
+    x -= np.float32(1.0)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
 def _order_clockwise(pts: np.ndarray) -> np.ndarray:
