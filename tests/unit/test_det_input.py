@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("rapidocr_onnxruntime")
 
-from usg.ops.ocr import _det_input, _det_resizer  # noqa: E402
+from usg.ops.ocr import _det_input, _det_resizer
 
 
 def page(h: int, w: int) -> np.ndarray:
