@@ -137,10 +137,17 @@ async def one_round(
         await asyncio.sleep(5)
         measuring = meter.on = True
         t0, c0, loop0 = time.perf_counter(), os.times(), time.thread_time()
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        gate = ex.cpu_gate
+        g0 = (dict(gate.calls), dict(gate.waited), dict(gate.wait_s))
         await asyncio.sleep(duration)
         t1, c1, loop1 = time.perf_counter(), os.times(), time.thread_time()
-        f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        # the CPU gate in the window: per model, calls, those that waited for a core, their wait summed
+        held = {
+            m: (gate.calls[m] - g0[0].get(m, 0), gate.waited[m] - g0[1].get(m, 0), gate.wait_s[m] - g0[2].get(m, 0.0))
+            for m in gate.calls
+        }
         measuring = meter.on = False
         await asyncio.gather(*tasks)
         decisions = []
@@ -166,7 +173,9 @@ async def one_round(
         "rps": done / (t1 - t0),
         "cpu_ms": cpu_ms / n,
         "sys_ms": ((c1.system - c0.system) * 1e3) / n,
-        "faults": (f1 - f0) / n,
+        "faults": (r1.ru_minflt - r0.ru_minflt) / n,
+        "ctx": ((r1.ru_nvcsw - r0.ru_nvcsw) / n, (r1.ru_nivcsw - r0.ru_nivcsw) / n),
+        "gate": held,
         "stages": stages,
         "text": text,
         "n": done,
@@ -215,9 +224,20 @@ def main() -> None:
             print(
                 f"round {r + 1} {name:<8} {res['rps']:5.2f} req/s  n={res['n']:<4} "
                 f"process CPU {res['cpu_ms']:6.1f} ms/request (system {res['sys_ms']:5.1f}), "
-                f"{res['faults']:7.0f} page faults/request",
+                f"{res['faults']:7.0f} page faults/request, context switches/request "
+                f"{res['ctx'][0]:.0f} voluntary {res['ctx'][1]:.0f} involuntary",
                 flush=True,
             )
+            gate = res["gate"]
+            if gate:
+                print(
+                    "    CPU gate in the window (per request: calls, waited, held-back ms): "
+                    + ", ".join(
+                        f"{m} {c / max(1, res['n']):.2f}/{w / max(1, res['n']):.2f}/{1e3 * s / max(1, res['n']):.0f}"
+                        for m, (c, w, s) in sorted(gate.items())
+                    ),
+                    flush=True,
+                )
             if args.decisions:
                 for line in res["decisions"]:
                     print(f"    {line}", flush=True)

@@ -64,3 +64,65 @@ def test_rounds_merge_per_system_and_level_and_bounds_follow_each_usg_run(graph)
 def test_compare_without_a_graph_is_refused():
     with pytest.raises(UsageError, match="--compare needs the graph"):
         asyncio.run(run_bench(BenchConfig("http://127.0.0.1:1", compare=("sequential",)), None))
+
+
+class IdleCostly:
+    """A baseline that keeps processes busy while idle (as a private Ray): it must be up only for its runs."""
+
+    name = "costly"
+    idle_cpu = True
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.up = False
+
+    async def start(self) -> None:
+        self.events.append("start")
+        self.up = True
+
+    async def infer(self, sample: Sample) -> dict[str, str]:
+        assert self.up, "load sent to a stopped baseline"
+        await asyncio.sleep(0.001)
+        return {"shout": (sample.text or "").upper()}
+
+    async def aclose(self) -> None:
+        if self.up:
+            self.events.append("stop")
+        self.up = False
+
+
+def test_a_baseline_with_idle_cpu_is_up_only_for_its_own_runs(graph, monkeypatch):
+    import usg.bench.baselines as baselines
+
+    events: list[str] = []
+    target = IdleCostly(events)
+    monkeypatch.setattr(baselines, "make_baseline", lambda name, graph, workers: target)
+
+    def progress(system: str, level: str, _total: float):
+        events.append(f"run {system}")
+        return None
+
+    cfg = BenchConfig(
+        "shout.yaml",
+        concurrency=(1,),
+        duration_s=0.2,
+        warmup_s=0.0,
+        compare=("costly",),
+        rounds=2,
+        samples=[Sample("a", text="hello")],
+    )
+    report = asyncio.run(run_bench(cfg, graph, progress=progress))
+    assert events == [
+        "start",
+        "stop",  # started for the output check, then stopped while USG runs
+        "run usg",
+        "run costly",
+        "start",
+        "stop",
+        "run costly",
+        "start",
+        "stop",
+        "run usg",
+    ]
+    assert report.equivalence["costly"].ok and not target.up
+    assert any("started before each of its runs" in n for n in report.notes)

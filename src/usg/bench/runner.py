@@ -80,7 +80,10 @@ async def run_bench(
     Every system is started (and its outputs checked against USG's) before any load runs; then,
     for each round, each load level runs on each system in turn — the order reversed every other
     round — so a change in background load on a shared machine hits all systems alike. The
-    rounds of one system and level are merged (latencies pooled, durations summed).
+    rounds of one system and level are merged (latencies pooled, durations summed). A baseline
+    that burns CPU while idle (``idle_cpu``: the private Ray of ``ray-serve``) is stopped after its
+    check and started again for each of its runs only, so no system is measured beside another's
+    idle cluster.
 
     ``bound(items_per_request)`` (the model-only bound) is measured right after each USG run,
     and that run's throughput is compared with it."""
@@ -151,6 +154,12 @@ class _Run:
                 self.report.notes.append(
                     f"{name}: outputs differ from USG's, so no ratio is printed: {eq.problems[:3]}"
                 )
+            if _runs_only_for_its_load(base):
+                await base.aclose()
+                self.report.notes.append(
+                    f"{name} is started before each of its runs and stopped after it, so its idle processes "
+                    "do not run beside the other systems' measured windows"
+                )
 
     async def round(self, rnd: int) -> None:
         """Every load level on every system, in the order of this round (reversed every other round)."""
@@ -160,7 +169,15 @@ class _Run:
             for target in order:
                 label = _lvl(cfg, level) + (f", round {rnd + 1}/{cfg.rounds}" if cfg.rounds > 1 else "")
                 cb = self.progress(target.name, label, cfg.warmup_s + cfg.duration_s) if self.progress else None
-                result = await _load(target, cfg, level, cb)
+                alone = target is not self.usg and _runs_only_for_its_load(target)
+                if alone:
+                    self.log(f"starting baseline {target.name} for its run")
+                    await target.start()
+                try:
+                    result = await _load(target, cfg, level, cb)
+                finally:
+                    if alone:
+                        await target.aclose()
                 key = (target.name, level)
                 result.extra.setdefault("round_rps", [result.throughput])
                 if key in self.merged:
@@ -223,6 +240,14 @@ def _summarize_bounds(bounds: list[dict[str, Any]], levels: Sequence[float]) -> 
         summary[key] = achieved
     summary.pop("level", None)
     return summary
+
+
+def _runs_only_for_its_load(target: Any) -> bool:
+    """Whether ``target`` keeps processes busy while idle (``idle_cpu = True``: a private Ray cluster's
+    GCS, raylet, Serve controller and replicas poll, report and health-check all the time). Such a
+    system is up only for its own runs: left running, it would take CPU from the other systems'
+    measured windows (and from the model-only bound measured after USG's) but never from its own."""
+    return bool(getattr(target, "idle_cpu", False))
 
 
 def _need(graph: Graph | None) -> Graph:

@@ -147,6 +147,9 @@ def build_app(models: DocModels) -> Any:
 
 class RayServeTarget:
     name = "ray-serve"
+    # a private Ray keeps a core busy in part while idle (GCS, raylet, the Serve controller's loop,
+    # replicas' health checks and metrics): usg bench starts it for its own runs only (runner.py)
+    idle_cpu = True
 
     def __init__(self, graph: Graph) -> None:
         self.models = doc_models(graph, "ray-serve")
