@@ -85,10 +85,10 @@ def row(name: str, done: int, lat: list[float], duration: float) -> dict[str, fl
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n{title}")
-    print(f"{'system':<34}{'req/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'n':>7}")
+    print(f"{'system':<50}{'req/s':>9}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'n':>7}")
     for r in rows:
         print(
-            f"{r['system']:<34}{r['req/s']:>9.1f}{r['p50 ms']:>10.1f}{r['p95 ms']:>10.1f}{r['p99 ms']:>10.1f}"
+            f"{r['system']:<50}{r['req/s']:>9.1f}{r['p50 ms']:>10.1f}{r['p95 ms']:>10.1f}{r['p99 ms']:>10.1f}"
             f"{r['n']:>7}"
         )
 

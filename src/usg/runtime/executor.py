@@ -28,6 +28,7 @@ from usg.errors import BackendError, GraphError, PayloadTooLarge, RequestTimeout
 from usg.graph.model import Graph, NodeDef, model_output, wireable_outputs
 from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
+from usg.ops.wire import check_not_placeholder
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
@@ -553,10 +554,16 @@ class Executor:
         if check is None:
             check = self._checks[node.name] = InputCheck(node.name, node.model, self._in_specs[node.model])
 
+        # while this executor defers values to remote models, a local model must not get a placeholder
+        # (its backend reads the memory directly, past the placeholder's hooks: zeros); usg.runtime.deferral
+        guard = bool(self._deferred) and not self._backends[node.model].ships_derived
+
         def prepare(item: dict[str, Any]) -> dict[str, Any]:
             for p, v in item.items():
                 if isinstance(v, str):
                     item[p] = [v]
+                elif guard:
+                    check_not_placeholder(v, f"node {node.name!r} (model {node.model!r}, local) input {p!r}")
             check(item)
             return item
 
