@@ -169,6 +169,9 @@ async def bench_ocr(duration: float, runs: list[tuple[str, int | None]], clients
             texts.append([[ln["text"] for ln in (await ex.infer(i)).outputs["lines"]] for i in inputs])
             done, lat, d = await closed_loop(ex.infer, inputs, clients, duration, warmup=3)
             rows.append(row(f"USG document-OCR graph{label}", done, lat, d))
+            g = ex.cpu_gate
+            waits = ", ".join(f"{m} {g.waited[m]}/{g.calls[m]} ({g.wait_s[m]:.1f} s)" for m in sorted(g.calls))
+            print(f"  {label.lstrip(', ') or 'gate on'}: calls that waited for a core / gated calls: {waits or 'none'}")
 
     local = threading.local()
 

@@ -323,10 +323,15 @@ async def main() -> None:
     pool.shutdown()
     usg_rows, silero_rows = rows["usg"], rows.get("silero", [])
     u, s = sustained(usg_rows, args.p95_ms), sustained(silero_rows, args.p95_ms)
+    gate = executor.cpu_gate
+    print(
+        f"\nusg's CPU gate ({gate.slots} slots): {sum(gate.calls.values())} model calls, "
+        f"{sum(gate.waited.values())} waited for a core ({sum(gate.wait_s.values()) * 1e3:.1f} ms in all)"
+    )
     if "usg-ungated" in rows:
         off = rows["usg-ungated"]
         print(
-            f"\nCPU gate: usg (on, the default) sustains {u} streams, usg-ungated (off) "
+            f"CPU gate: usg (on, the default) sustains {u} streams, usg-ungated (off) "
             f"{sustained(off, args.p95_ms)}; p95 ms on / off at each count both ran:"
         )
         for r in usg_rows:

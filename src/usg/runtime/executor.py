@@ -145,6 +145,15 @@ class Executor:
         if self.cache is not None:  # hashes model files once
             await loop.run_in_executor(self._pool, self.cache.prepare)
         self._check_states()
+        # the CPU gate stands aside when the covered models' calls can never outnumber its slots
+        gate = self.cpu_gate
+        gate.fit(
+            {
+                n: concurrency_for(m, self._backends[n])
+                for n, m in self.graph.models.items()
+                if gate.covers(self._backends[n])
+            }
+        )
         for name, model in self.graph.models.items():
             backend = self._backends[name]
             self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
