@@ -223,7 +223,7 @@ def test_a_local_model_given_a_placeholder_fails_before_it_reads_the_memory() ->
         .build()
     )
     backends = {"det": Remote(seen), "local": FakeBackend(sums)}
-    match = r"node 'local' \(model 'local', local\) input 'x'"
+    match = r"node 'local' \(model 'local', read in this process\) input 'x'"
     with (
         Executor(g, backends=backends, fns={"leak": leaky}, cache=False) as ex,
         pytest.raises(DeferredValueRead, match=match),

@@ -572,7 +572,9 @@ class Executor:
                 if isinstance(v, str):
                     item[p] = [v]
                 elif guard:
-                    check_not_placeholder(v, f"node {node.name!r} (model {node.model!r}, local) input {p!r}")
+                    check_not_placeholder(
+                        v, f"node {node.name!r} (model {node.model!r}, read in this process) input {p!r}"
+                    )
             check(item)
             return item
 
