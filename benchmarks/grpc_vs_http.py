@@ -10,7 +10,8 @@ round, the CPU time per request of the server process and of the client (this pr
 the measured window, and the ratio gRPC / HTTP (median over rounds). Clients and server
 share this machine, so client CPU is taken from the server.
 
-Run: python benchmarks/grpc_vs_http.py [--clients 32] [--duration 15] [--warmup 3] [--rounds 2]
+Run: python benchmarks/grpc_vs_http.py [--clients 32] [--duration 15] [--warmup 3] [--rounds 2] [--cpu-slots N]
+(--cpu-slots is passed to the server it starts: 0 turns the executor's CPU gate off)
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(max_inflight: int) -> tuple[subprocess.Popen[bytes], str, str, Path]:
+def start_server(max_inflight: int, cpu_slots: int | None = None) -> tuple[subprocess.Popen[bytes], str, str, Path]:
     port, grpc_port = _free_port(), _free_port()
     log = Path(tempfile.mkdtemp(prefix="grpc-bench-")) / "serve.log"
     with log.open("wb") as fh:
         args = ["--port", str(port), "--grpc-port", str(grpc_port), "--max-inflight", str(max_inflight)]
+        if cpu_slots is not None:
+            args += ["--cpu-slots", str(cpu_slots)]
         proc = subprocess.Popen(
             [str(USG), "serve", str(GRAPH), *args, "--log-level", "warning"],
             stdout=fh,
@@ -191,6 +194,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--url", help="a running usg serve (HTTP), e.g. http://127.0.0.1:8000")
     ap.add_argument("--grpc", help="its --grpc-port address, e.g. 127.0.0.1:8001")
+    ap.add_argument("--cpu-slots", type=int, default=None, help="usg serve --cpu-slots (0: the CPU gate off)")
     args = ap.parse_args()
     if bool(args.url) != bool(args.grpc):
         ap.error("give --url and --grpc together (or neither to start a server)")
@@ -199,7 +203,7 @@ def main() -> None:
     if args.url:
         url, target = args.url.rstrip("/"), args.grpc
     else:
-        proc, url, target, log = start_server(max_inflight=4 * args.clients)
+        proc, url, target, log = start_server(max_inflight=4 * args.clients, cpu_slots=args.cpu_slots)
         print(f"usg serve {GRAPH.relative_to(ROOT)} on {url} and gRPC {target} (log {log})")
     try:
         asyncio.run(run(args, url, target, proc.pid if proc is not None else None))

@@ -20,14 +20,18 @@ Both systems run in one process as ``usg serve`` runs sessions: on uvloop when i
 (``--loop asyncio``: the standard loop), with the heap built at start-up frozen out of the garbage
 collector's full passes once the models are loaded (:mod:`usg.runtime.heap`; ``--no-freeze``: not).
 
+``--systems usg,usg-ungated`` adds the same graph with the executor's CPU gate off
+(``Executor(cpu_slots=0)``; ``usg`` runs the default gate), alternating with the others.
+
 Run: python benchmarks/streaming.py [--seconds 6] [--p95-ms 100] [--streams 32,64,...] [--resolution 8] [--graph G]
-     [--loop uvloop|asyncio] [--no-freeze]
+     [--loop uvloop|asyncio] [--no-freeze] [--systems usg,silero,usg-ungated]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import gc
 import subprocess
@@ -242,7 +246,7 @@ async def memory(executor: Executor, audio: np.ndarray, count: int) -> dict[str,
 
 def _print(name: str, row: dict[str, float]) -> None:
     print(
-        f"{name:7s} streams={int(row['streams']):4d}  p50={row['p50_ms']:7.1f} ms  p95={row['p95_ms']:7.1f} ms  "
+        f"{name:11s} streams={int(row['streams']):4d}  p50={row['p50_ms']:7.1f} ms  p95={row['p95_ms']:7.1f} ms  "
         f"chunks={row['chunks']}  dropped (session behind) {row.get('dropped', 0)}  "
         f"CPU {row['cpu_ms_per_stream_s']:.1f} ms per stream-second  "
         f"loop thread {row['loop_us_per_chunk']:.0f} us per chunk",
@@ -260,13 +264,24 @@ async def main() -> None:
     ap.add_argument("--graph", type=Path, default=GRAPH, help="the VAD graph the sessions run (default: the example)")
     ap.add_argument("--no-freeze", action="store_true", help="leave the start-up heap to the garbage collector")
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help=LOOP_HELP)
+    ap.add_argument(
+        "--systems",
+        default="usg,silero",
+        help="systems to alternate: usg, silero, usg-ungated (usg with the CPU gate off: cpu_slots=0)",
+    )
     args = ap.parse_args()
+    systems = args.systems.split(",")
+    if not systems or any(s not in ("usg", "silero", "usg-ungated") for s in systems) or "usg" not in systems:
+        ap.error(f"--systems {args.systems}: use usg plus any of silero, usg-ungated")
     print(f"event loop: {type(asyncio.get_running_loop()).__module__}", flush=True)
     audio = speech()
     graph = load_graph(args.graph).without_cache()
     pool = ThreadPoolExecutor(2, thread_name_prefix="silero")
-    rows: dict[str, list[dict[str, float]]] = {"usg": [], "silero": []}
-    async with Executor(graph, timeout_s=120) as executor:
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    ungated = Executor(graph, timeout_s=120, cpu_slots=0) if "usg-ungated" in systems else None
+    async with Executor(graph, timeout_s=120) as executor, contextlib.AsyncExitStack() as stack:
+        if ungated is not None:
+            await stack.enter_async_context(ungated)
         if not args.no_freeze:
             # as `usg serve` does once its models are loaded (usg.runtime.heap); the baseline's
             # modules (torch, silero_vad: ~140,000 objects) are imported first, so neither system's
@@ -279,6 +294,9 @@ async def main() -> None:
         async def run(name: str, n: int) -> None:
             if name == "usg":
                 row = await run_usg(n, args.seconds, audio, executor)
+            elif name == "usg-ungated":
+                assert ungated is not None
+                row = await run_usg(n, args.seconds, audio, ungated)
             else:
                 row = await run_silero(n, args.seconds, audio, pool)
             rows[name].append(row)
@@ -303,8 +321,29 @@ async def main() -> None:
                     await run(name, probe)
         mem = await memory(executor, audio, args.idle_sessions)
     pool.shutdown()
-    usg_rows, silero_rows = rows["usg"], rows["silero"]
+    usg_rows, silero_rows = rows["usg"], rows.get("silero", [])
     u, s = sustained(usg_rows, args.p95_ms), sustained(silero_rows, args.p95_ms)
+    gate = executor.cpu_gate
+    print(
+        f"\nusg's CPU gate ({gate.slots} slots): {sum(gate.calls.values())} model calls, "
+        f"{sum(gate.waited.values())} waited for a core ({sum(gate.wait_s.values()) * 1e3:.1f} ms in all)"
+    )
+    if "usg-ungated" in rows:
+        off = rows["usg-ungated"]
+        print(
+            f"CPU gate: usg (on, the default) sustains {u} streams, usg-ungated (off) "
+            f"{sustained(off, args.p95_ms)}; p95 ms on / off at each count both ran:"
+        )
+        for r in usg_rows:
+            o = next((x for x in off if x["streams"] == r["streams"]), None)
+            if o is not None:
+                print(
+                    f"  {int(r['streams']):4d} streams: p95 {r['p95_ms']:.1f} / {o['p95_ms']:.1f} ms, "
+                    f"p50 {r['p50_ms']:.1f} / {o['p50_ms']:.1f} ms, CPU per stream-second "
+                    f"{r['cpu_ms_per_stream_s']:.2f} / {o['cpu_ms_per_stream_s']:.2f} ms"
+                )
+    if not silero_rows:
+        return
     at64 = next((r for r in usg_rows if r["streams"] == 64), None)
     print()
     if at64 is not None:

@@ -8,6 +8,7 @@ Split by what the caller can do about it::
     │   ├── ContractError     a tensor breaks a model's contract (HTTP 422)
     │   └── PayloadTooLarge   body or image above a limit       (HTTP 413)
     ├── BackendError          a model or function failed        (HTTP 500)
+    │   └── DeferredValueRead a value deferred to a remote model was read here
     ├── RequestTimeout        the request ran past its deadline (HTTP 504)
     ├── Overloaded            retry later; carries retry_after  (HTTP 429 / 503)
     ├── StateError            the executor/server is not in a state to do this (HTTP 503)
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 __all__ = [
     "BackendError",
     "ContractError",
+    "DeferredValueRead",
     "GraphError",
     "GraphProblem",
     "InputError",
@@ -131,6 +133,15 @@ class BackendError(USGError):
 
     status = 500
     reason = "backend_error"
+
+
+class DeferredValueRead(BackendError):
+    """Code in this process read the values of a placeholder: an array the executor did not compute
+    because only remote models were to read it (:func:`usg.ops.wire.derived` inside
+    :func:`usg.ops.wire.deferring`; :mod:`usg.runtime.deferral`). Its shape and dtype are real,
+    its values are not: the message names the node and port it came from and the fix."""
+
+    reason = "deferred_value_read"
 
 
 class RequestTimeout(USGError):

@@ -46,15 +46,15 @@ class Running:
         return fake
 
 
-def graph():  # type: ignore[no-untyped-def]
+def graph(concurrency: int = 3):  # type: ignore[no-untyped-def]
     return (
         GraphBuilder("gate")
         .input("x", "tensor", spec=TensorSpec("float32", (1, None)))
-        .model("a", "python", options={"callable": "testops:identity", "concurrency": 3})
+        .model("a", "python", options={"callable": "testops:identity", "concurrency": concurrency})
         .model(
             "b",
             "python",
-            options={"callable": "testops:identity", "concurrency": 3},
+            options={"callable": "testops:identity", "concurrency": concurrency},
             batch=BatchPolicy(max_size=1, max_delay_ms=0),
         )
         .node("split", fn="testops:split_rows", inputs={"x": "inputs.x"}, options={"parts": 6})
@@ -84,6 +84,22 @@ def test_without_the_cap_or_for_multithreaded_sessions_calls_overlap_as_declared
             ex.infer_sync({"x": np.ones((1, 2), np.float32)})
             assert ex.cpu_gate.peak == 0
         assert running.peak >= 3, (slots, cpu)
+
+
+def test_the_gate_stands_aside_when_the_models_calls_cannot_outnumber_the_slots() -> None:
+    """a and b run one call each: on 2 slots no call could ever wait, so none goes through the gate
+    (speech-stream's silero, 2 calls on 2 cores); on 1 slot the gate holds them to one at a time."""
+    for slots, idle, peak in ((2, True, 2), (1, False, 1)):
+        running = Running(block_until=2 if idle else 0)  # idle: show the two calls do overlap
+        backends = {"a": running.backend(), "b": running.backend()}
+        with Executor(graph(concurrency=1), backends=backends, cpu_slots=slots) as ex:
+            ex.infer_sync({"x": np.ones((1, 2), np.float32)})
+            assert ex.cpu_gate.idle is idle
+            assert sum(ex.cpu_gate.calls.values()) == (0 if idle else 12)
+        assert running.peak == peak, slots
+    gate = CpuGate(2)
+    gate.fit({"a": 2, "b": 1})
+    assert not gate.idle and gate.applies(Cpu())  # type: ignore[arg-type]
 
 
 def test_the_gate_is_on_by_default_with_the_usable_cores_and_0_turns_it_off() -> None:

@@ -7,12 +7,14 @@ RayModelBackend is)."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 
+from usg.errors import ContractError, DeferredValueRead
 from usg.graph import GraphBuilder
 from usg.graph.model import Graph
 from usg.ops.ocr import det_preprocess, rec_preprocess
@@ -119,3 +121,111 @@ def test_nothing_is_deferred_while_an_observer_reads_node_values() -> None:
         ex.observers.append(reader)  # added after start, as a server adds its monitor
         assert ex.infer_sync({"image": image}).outputs["seen"].tolist() == [False]
     assert np.array_equal(reader.x, det_preprocess(image)["x"])
+
+
+# -- a placeholder's values are not there: reading them fails loudly, naming where it came from --
+
+READS = {
+    "arithmetic": lambda x: x + 1,
+    "a reduction": lambda x: x.mean(),
+    "indexing": lambda x: x[0],
+    "a numpy function": lambda x: np.stack([x]),
+    "bytes": lambda x: x.tobytes(),
+    "a reshape": lambda x: x.reshape(-1),
+    "iteration": lambda x: list(x),
+    "a copy made to send": lambda x: pickle.dumps(copy.copy(x)),
+}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_remote_model_that_reads_a_placeholder_here_fails_naming_the_node_and_port(read: str) -> None:
+    """On the old placeholder every read here gave zeros (a mean of 0.0, zero bytes) and no error."""
+
+    def reads_here(inputs: Any) -> dict[str, Any]:
+        READS[read](inputs["x"])
+        return {"seen": np.array([True])}
+
+    with pytest.raises(DeferredValueRead, match=r"node 'det_pre' port 'x'.*shape \(1, 3, .*fix: ") as info:
+        run(det_graph(), Remote(reads_here), page(300, 500))
+    assert info.value.status == 500 and info.value.node == "det"
+
+
+def test_a_node_that_reads_its_own_placeholder_fails_naming_the_node() -> None:
+    def pre_and_peek(image: np.ndarray, **options: Any) -> dict[str, Any]:
+        out = det_preprocess(image, **options)
+        out["x"].max()  # inside usg.ops.wire.deferring: x has no values here
+        return out
+
+    g, backends, fns = det_graph(), {"det": Remote(seen)}, {"det_pre": pre_and_peek}
+    match = r"from node 'det_pre' \(derived from _det_input\) were read \(attribute \.max\)"
+    with Executor(g, backends=backends, fns=fns, cache=False) as ex, pytest.raises(DeferredValueRead, match=match):
+        ex.infer_sync({"image": page(300, 500)})
+
+
+def test_what_a_placeholder_may_be_asked_still_answers() -> None:
+    """Shape, dtype, size, repr and the trip to the replica (the contract checks, payload sizes, Ray)."""
+    image = page(400, 700)
+    full = det_preprocess(image)["x"]
+    with deferring("node 'p'"):
+        lazy = det_preprocess(image)["x"]
+    assert (lazy.shape, lazy.dtype, lazy.ndim, lazy.size, lazy.nbytes, len(lazy)) == (
+        full.shape,
+        full.dtype,
+        full.ndim,
+        full.size,
+        full.nbytes,
+        len(full),
+    )
+    assert np.shape(lazy) == full.shape and np.ndim(lazy) == 4
+    assert "deferred placeholder from node 'p'" in repr(lazy)
+    assert np.array_equal(pickle.loads(pickle.dumps(lazy)), full)
+    assert np.array_equal(materialize(lazy), full) and not is_placeholder(materialize(lazy))
+    # a computed derived array keeps every ndarray behaviour
+    assert float((full + 0).mean()) == float(full.mean()) and full[0].shape == full.shape[1:]
+
+
+def test_a_range_contract_is_not_checked_on_values_that_are_not_here() -> None:
+    """A model input declared with a range: the placeholder is checked for dtype and shape only (the
+    old placeholder's zeros were checked against the range: out of [0.5, 1] it failed as a 422)."""
+    from usg.runtime.contract import check_model_inputs
+    from usg.specs import TensorSpec
+
+    spec = TensorSpec(dtype="float32", shape=(1, 3, "h", "w"), range=(0.5, 1.0))
+    with deferring():
+        lazy = det_preprocess(page(100, 100))["x"]
+    check_model_inputs("det", "det", {"x": spec}, {"x": lazy})
+    with pytest.raises(ContractError, match="dtype float64"):
+        check_model_inputs("det", "det", {"x": spec}, {"x": np.zeros((1, 3, 2, 2))})
+
+
+def test_a_local_model_given_a_placeholder_fails_before_it_reads_the_memory() -> None:
+    """A backend reads the memory directly (np.asarray, a C extension), past the placeholder's hooks:
+    while the executor defers anything, a local model's inputs are checked for placeholders."""
+
+    def leaky(image: np.ndarray, **options: Any) -> dict[str, Any]:
+        with deferring():  # a node that makes placeholders where nobody defers them
+            return det_preprocess(image, **options)
+
+    def sums(inputs: Any) -> dict[str, Any]:
+        return {"total": np.array([float(np.asarray(inputs["x"]).sum())])}
+
+    g = (
+        GraphBuilder("leak")
+        .input("image", "image")
+        .model("det", "python", options={"callable": "testops:identity"})
+        .model("local", "python", options={"callable": "testops:identity"})
+        .node("det_pre", fn="usg.ops.ocr:det_preprocess", inputs={"image": "inputs.image"})
+        .node("det", model="det", inputs={"x": "det_pre.x"})
+        .node("leak", fn="usg.ops.ocr:det_preprocess", inputs={"image": "inputs.image"})
+        .node("local", model="local", inputs={"x": "leak.x"})
+        .output("seen", "det.seen")
+        .output("total", "local.total")
+        .build()
+    )
+    backends = {"det": Remote(seen), "local": FakeBackend(sums)}
+    match = r"node 'local' \(model 'local', read in this process\) input 'x'"
+    with (
+        Executor(g, backends=backends, fns={"leak": leaky}, cache=False) as ex,
+        pytest.raises(DeferredValueRead, match=match),
+    ):
+        ex.infer_sync({"image": page(300, 500)})

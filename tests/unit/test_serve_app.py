@@ -497,7 +497,7 @@ def test_serve_command_help_lists_the_options() -> None:
     assert result.exit_code == 0
     for opt in ("--host", "--port", "--max-inflight", "--max-body-mb", "--timeout", "--otel"):
         assert opt in result.output
-    for opt in ("--header-timeout", "--body-timeout", "--keepalive-timeout", "--api-key-env"):
+    for opt in ("--header-timeout", "--body-timeout", "--keepalive-timeout", "--api-key-env", "--cpu-slots"):
         assert opt in result.output
 
 
@@ -508,7 +508,19 @@ def test_serve_refuses_embedded_only_options_with_the_ray_engine(tmp_path: Path)
 
     graph = tmp_path / "g.yaml"
     graph.write_text("name: g\n")
-    for args in (["--api-key-env", "K"], ["--body-timeout", "3"]):
+    for args in (["--api-key-env", "K"], ["--body-timeout", "3"], ["--cpu-slots", "0"]):
         result = CliRunner().invoke(cli, ["serve", str(graph), "--engine", "ray", *args])
         assert result.exit_code != 0
         assert "applies to the embedded engine only" in str(result.exception)
+
+
+@pytest.mark.parametrize(("cpu_slots", "slots"), [(None, "usable"), (0, 0), (1, 1)])
+def test_create_app_sets_the_cpu_gate_and_metrics_show_it(cpu_slots: int | None, slots: int | str) -> None:
+    """``usg serve --cpu-slots N`` (0: the gate off); by default one slot per usable core."""
+    from usg.runtime.cpu_gate import usable_cores
+
+    want = usable_cores() if slots == "usable" else slots
+    app = create_app(tiny_graph(), backends={"m": doubler()}, cpu_slots=cpu_slots)
+    with TestClient(app) as c:
+        assert app.state.usg.executor.cpu_gate.slots == want
+        assert f"usg_cpu_gate_slots {float(want)}" in c.get("/metrics").text

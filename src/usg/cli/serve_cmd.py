@@ -150,6 +150,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "idle_timeout_s, max_pending_chunks, max_pending_events, slow_reader_s, max_sessions (docs/streaming.md).",
 )
 @click.option("--fp32", is_flag=True, help="Ignore GRAPH.quant.yaml (written by `usg quantize`); embedded engine.")
+@click.option(
+    "--cpu-slots",
+    default=None,
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Single-threaded CPU model calls run at once across models, a free core going to the step nearest "
+    "the outputs (the CPU gate, docs/graph.md); 0 turns the gate off. [default: the usable cores]",
+)
 def serve(
     graph_path: str,
     host: str,
@@ -174,6 +182,7 @@ def serve(
     trace_file: str | None = None,
     fp32: bool = False,
     stream_limits: tuple[str, ...] = (),
+    cpu_slots: int | None = None,
 ) -> None:
     """Serve a graph over HTTP: /v1/infer, Open Inference Protocol v2 (/v2/...), /metrics."""
     if grpc_port is not None and engine == "ray":
@@ -187,6 +196,11 @@ def serve(
             raise UsageError("--index is served by the embedded engine only; fix: drop --engine ray or --index")
         if fp32:
             raise UsageError("--fp32 applies to the embedded engine only; fix: move GRAPH.quant.yaml away for Ray")
+        if cpu_slots is not None:
+            raise UsageError(
+                "--cpu-slots applies to the embedded engine only (each Ray replica runs its own calls); "
+                "fix: drop --cpu-slots with --engine ray"
+            )
         if no_batching:
             raise UsageError(
                 "--no-batching applies to the embedded engine only (Ray replicas batch with @serve.batch); "
@@ -256,6 +270,7 @@ def serve(
         graph,
         batching=not no_batching,
         timeout_s=timeout,
+        cpu_slots=cpu_slots,
         tracer_provider=provider,
         config=config,
         addons=addons,

@@ -10,6 +10,12 @@ that declares its shape and dtype returns a placeholder (the contract checks rea
 dtype; the remote side computes the values from the source). Placeholders in the node's other
 ports — read here, sent back to the client, stored in a cache — are computed before anyone sees
 them. Nothing is deferred for a cached node, or when an observer reads node values.
+
+A placeholder is read-proof: reading its values (they would be zeros) raises
+:class:`usg.errors.DeferredValueRead` naming the node and port (:mod:`usg.ops.wire`), and while an
+executor defers anything, the inputs of its local model calls are checked for placeholders too
+(readers that take the memory directly get past the Python hooks). An executor that defers
+nothing — every graph on the embedded engine — makes no placeholders and pays for none of this.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from usg.backends.base import Backend
 from usg.graph.model import Graph, NodeDef
-from usg.ops.wire import deferring, materialize
+from usg.ops.wire import deferring, materialize, name_placeholders
 from usg.runtime.request import call_fn
 
 __all__ = ["call_deferring", "deferred_ports"]
@@ -59,9 +65,11 @@ def call_deferring(
 ) -> dict[str, Any]:
     """:func:`usg.runtime.request.call_fn` inside :func:`usg.ops.wire.deferring`; placeholders in
     ports other than ``sent`` are computed."""
-    with deferring():
+    with deferring(f"node {node.name!r}"):
         out = call_fn(node, func, kwargs, opts)
     for port, value in out.items():
-        if port not in sent:
+        if port in sent:
+            name_placeholders(value, f"node {node.name!r} port {port!r}")
+        else:
             out[port] = materialize(value)
     return out

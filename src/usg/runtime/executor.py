@@ -28,6 +28,7 @@ from usg.errors import BackendError, GraphError, PayloadTooLarge, RequestTimeout
 from usg.graph.model import Graph, NodeDef, model_output, wireable_outputs
 from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
+from usg.ops.wire import check_not_placeholder
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
 from usg.runtime.contract import InputCheck, model_input_specs
@@ -144,6 +145,15 @@ class Executor:
         if self.cache is not None:  # hashes model files once
             await loop.run_in_executor(self._pool, self.cache.prepare)
         self._check_states()
+        # the CPU gate stands aside when the covered models' calls can never outnumber its slots
+        gate = self.cpu_gate
+        gate.fit(
+            {
+                n: concurrency_for(m, self._backends[n])
+                for n, m in self.graph.models.items()
+                if gate.covers(self._backends[n])
+            }
+        )
         for name, model in self.graph.models.items():
             backend = self._backends[name]
             self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
@@ -553,10 +563,18 @@ class Executor:
         if check is None:
             check = self._checks[node.name] = InputCheck(node.name, node.model, self._in_specs[node.model])
 
+        # while this executor defers values to remote models, a local model must not get a placeholder
+        # (its backend reads the memory directly, past the placeholder's hooks: zeros); usg.runtime.deferral
+        guard = bool(self._deferred) and not self._backends[node.model].ships_derived
+
         def prepare(item: dict[str, Any]) -> dict[str, Any]:
             for p, v in item.items():
                 if isinstance(v, str):
                     item[p] = [v]
+                elif guard:
+                    check_not_placeholder(
+                        v, f"node {node.name!r} (model {node.model!r}, read in this process) input {p!r}"
+                    )
             check(item)
             return item
 

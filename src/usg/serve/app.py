@@ -47,6 +47,7 @@ def create_app(
     max_inflight: int = 64,
     max_body_mb: float | None = None,
     timeout_s: float = 60.0,
+    cpu_slots: int | None = None,
     tracer_provider: Any | None = None,
     config: ServeConfig | None = None,
     extra_routes: Sequence[Callable[[ServeContext], list[Route]]] = (),
@@ -55,7 +56,8 @@ def create_app(
     """Build the app serving ``graph``.
 
     Pass ``executor`` (not yet started) to control it fully; otherwise one is built from
-    ``backends`` / ``batching`` / ``workers`` / ``timeout_s``. ``tracer_provider``
+    ``backends`` / ``batching`` / ``workers`` / ``timeout_s`` / ``cpu_slots`` (the executor's CPU
+    gate: None one call per usable core, 0 off; ``usg serve --cpu-slots``). ``tracer_provider``
     (an OpenTelemetry SDK ``TracerProvider``) turns on spans. The app's
     :class:`ServeContext` is ``app.state.usg``. ``extra_routes``: factories of more routes
     (e.g. ``usg.index.http.search_routes(INDEX)`` for ``POST /v1/search``), given the context.
@@ -72,6 +74,7 @@ def create_app(
             batching=batching,
             workers=workers,
             observers=observers,
+            cpu_slots=cpu_slots,
         )
     else:
         if executor.state is not ExecutorState.NEW:
