@@ -24,14 +24,12 @@ import numpy as np
 from usg.backends import Backend
 from usg.cache import NodeCache, check_expected, digest_inputs
 from usg.callables import accepted_params, import_callable
-from usg.errors import BackendError, GraphError, PayloadTooLarge, RequestTimeout, StateError, UsageError, USGError
-from usg.graph.model import Graph, NodeDef, model_output, wireable_outputs
+from usg.errors import GraphError, RequestTimeout, StateError, UsageError, USGError
+from usg.graph.model import Graph, NodeDef
 from usg.graph.state import state_problems
 from usg.ops.signature import signature_of
-from usg.ops.wire import check_not_placeholder
 from usg.records import CacheEvent, ItemTiming, NodeEvent
 from usg.runtime.chunks import ChunkPlan, Deadlines, InlineFn, plan_chunk, run_chunk
-from usg.runtime.contract import InputCheck, model_input_specs
 from usg.runtime.cpu_gate import CpuGate, output_ranks
 from usg.runtime.deferral import call_deferring, deferred_ports
 from usg.runtime.events import (
@@ -44,12 +42,13 @@ from usg.runtime.events import (
 )
 from usg.runtime.inputs import Undecoded, decode_pending, normalize_inputs
 from usg.runtime.loop_thread import LoopThread
+from usg.runtime.model_nodes import ModelNodes, split_map
 from usg.runtime.observer import Observer
-from usg.runtime.request import EmptyFanOut, Request, aliased, call_fn, plan_request
+from usg.runtime.request import EmptyFanOut, Request, call_fn, plan_request
 from usg.runtime.result import InferResult
 from usg.runtime.runner import DirectRunner, ModelRunner, backend_for, concurrency_for
 from usg.runtime.streams import StreamState
-from usg.specs import Modality, TensorSpec
+from usg.specs import Modality
 
 __all__ = ["Executor", "ExecutorState"]
 
@@ -114,12 +113,9 @@ class Executor:
             )
         self._fn_params: dict[str, tuple[set[str], bool]] = {}
         self._fn_opts: dict[str, dict[str, Any]] = {}  # the options each function accepts
-        self._checks: dict[str, InputCheck] = {}  # model node -> its input contract check
         self._fn_inline: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
         self._inline_fns: dict[str, InlineFn] = {}  # the same nodes, for chunk plans (usg.runtime.chunks)
-        self._in_specs: dict[str, Mapping[str, TensorSpec]] = {}
-        self._out_names: dict[str, list[str]] = {}
-        self._map_ports: dict[str, list[tuple[str, str]]] = {}
+        self._model_nodes = ModelNodes(graph, self._backends, self._runners)
         self._sync = LoopThread()
         self._inflight = 0
         self._plans: dict[frozenset[str], tuple[list[str], list[str]]] = {}
@@ -154,16 +150,15 @@ class Executor:
                 if gate.covers(self._backends[n])
             }
         )
-        for name, model in self.graph.models.items():
+        for name in self.graph.models:
             backend = self._backends[name]
-            self._in_specs[name] = model_input_specs(backend.input_specs, model.input_specs)
-            hidden = model.state.outputs if model.state is not None else set()
-            self._out_names[name] = [o for o in backend.output_specs if o not in hidden]
+            self._model_nodes.add(name, backend)
             self._runners[name] = self._make_runner(name, backend)
         for runner in self._runners.values():
             await runner.start()
         # usg.runtime.deferral: arrays this process only sends (not while an observer reads node values)
         self._deferred = deferred_ports(self.graph, self._backends, cached=self.cache is not None)
+        self._model_nodes.deferring = bool(self._deferred)
         for node in self.graph.nodes.values():
             if node.fn is not None:
                 # an override (a node run elsewhere) is called instead and never imports the
@@ -516,7 +511,7 @@ class Executor:
             if inline is not None and inline(args):
                 return call(node, func, args, opts), 1
             return await loop.run_in_executor(self._pool, call, node, func, args, opts), 1
-        per_item = self._split_map(node, args)
+        per_item = split_map(node, args, self.graph.limits.max_fanout_items)
 
         def call_all() -> dict[str, Any]:
             results = [call(node, func, a, opts) for a in per_item]
@@ -526,24 +521,6 @@ class Executor:
 
         return await loop.run_in_executor(self._pool, call_all), len(per_item)
 
-    def _split_map(self, node: NodeDef, args: dict[str, Any]) -> list[dict[str, Any]]:
-        lengths = {p: len(args[p]) for p in node.map}
-        if len(set(lengths.values())) > 1:
-            raise BackendError(
-                f"node {node.name!r} maps over lists of different lengths {lengths}; "
-                "fix: make the upstream nodes return lists of equal length"
-            )
-        n = next(iter(lengths.values()), 0)
-        limit = self.graph.limits.max_fanout_items
-        if n > limit:
-            raise PayloadTooLarge(
-                f"node {node.name!r} would fan out to {n} items, above the graph's limit of {limit} "
-                "(limits.max_fanout_items)",
-                field=node.name,
-                fix="send a smaller input, or raise limits.max_fanout_items in the graph",
-            )
-        return [{p: (args[p][i] if p in node.map else args[p]) for p in args} for i in range(n)]
-
     async def _run_model_node(
         self,
         node: NodeDef,
@@ -552,89 +529,8 @@ class Executor:
         stream: StreamState,
         on_token: TokenCallback | None = None,
     ) -> tuple[dict[str, Any], int]:
-        """Run a model node (``on_token``: the caller streams; a map node's items stream no tokens,
-        as their deltas would interleave). ``args`` is the node's own dict (built per run): its
-        items are prepared in place. ``timing`` None: nobody reads the node's times."""
-        assert node.model is not None
-        runner = self._runners[node.model]
-        out_names = self._out_names[node.model]
-        stateful = self.graph.models[node.model].state is not None
-        check = self._checks.get(node.name)
-        if check is None:
-            check = self._checks[node.name] = InputCheck(node.name, node.model, self._in_specs[node.model])
-
-        # while this executor defers values to remote models, a local model must not get a placeholder
-        # (its backend reads the memory directly, past the placeholder's hooks: zeros); usg.runtime.deferral
-        guard = bool(self._deferred) and not self._backends[node.model].ships_derived
-
-        def prepare(item: dict[str, Any]) -> dict[str, Any]:
-            for p, v in item.items():
-                if isinstance(v, str):
-                    item[p] = [v]
-                elif guard:
-                    check_not_placeholder(
-                        v, f"node {node.name!r} (model {node.model!r}, read in this process) input {p!r}"
-                    )
-            check(item)
-            return item
-
-        if not node.map:
-            if stateful:
-                out = await self._submit_stateful(node, prepare(args), stream, timing)
-            else:
-                out = await runner.submit(prepare(args), timing, on_token)
-            return aliased(out, out_names), 1
-        items = [prepare(a) for a in self._split_map(node, args)]
-        timings: list[ItemTiming | None] = [ItemTiming() for _ in items] if timing is not None else [None] * len(items)
-        if stateful:  # one stream: its items run one after the other, each on the state the last left
-            outs = await self._submit_stateful_items(node, items, stream, timings)
-        else:
-            outs = await runner.submit_many(items, timings)
-        if timing is not None:
-            done = [t for t in timings if t is not None]
-            timing.queue_ms = sum(t.queue_ms for t in done)
-            timing.compute_ms = sum(t.compute_ms for t in done)
-            timing.engine_calls.extend(c for t in done for c in t.engine_calls)
-        gathered = {k: [o[real] for o in outs] for k, real in self._gathered_ports(node.model)}
-        return gathered, len(items)
-
-    def _gathered_ports(self, model: str) -> list[tuple[str, str]]:
-        """A map node's outputs over ``model``: each port a wire may name, and the output it reads."""
-        ports = self._map_ports.get(model)
-        if ports is None:
-            out_names = self._out_names[model]
-            ports = self._map_ports[model] = [(k, model_output(k, out_names)) for k in wireable_outputs(out_names)]
-        return ports
-
-    async def _submit_stateful(
-        self, node: NodeDef, item: dict[str, Any], stream: StreamState, timing: ItemTiming | None
-    ) -> dict[str, Any]:
-        """One item of a stateful model (``item``: its own dict): the stream's state in, the next
-        state stored back."""
-        return (await self._submit_stateful_items(node, [item], stream, [timing]))[0]
-
-    async def _submit_stateful_items(
-        self, node: NodeDef, items: list[dict[str, Any]], stream: StreamState, timings: list[ItemTiming | None]
-    ) -> list[dict[str, Any]]:
-        """Items of a stateful model (each its own dict), one after the other: each takes the
-        stream's state, and the next state it returns is stored back before the next item."""
-        assert node.model is not None
-        spec = self.graph.models[node.model].state
-        assert spec is not None
-        name = node.name
-        current = stream.models.get(name)
-        if current is None:
-            backend_specs = self._backends[node.model].input_specs
-            current = {src: spec.initial(backend_specs[src]) for src in spec.pairs}
-        submit = self._runners[node.model].submit
-        pairs = spec.pairs.items()
-        outs = []
-        for item, timing in zip(items, timings, strict=True):
-            item.update(current)
-            out = await submit(item, timing)
-            current = stream.models[name] = {src: out.pop(dst) for src, dst in pairs}
-            outs.append(out)
-        return outs
+        """Run a model node: :meth:`usg.runtime.model_nodes.ModelNodes.run`."""
+        return await self._model_nodes.run(node, args, timing, stream, on_token)
 
     # -- sync facade -------------------------------------------------------------------------
     def start_sync(self) -> None:
