@@ -60,8 +60,11 @@ class Calibration:
 
 # chosen by calibrate() on the packaged corpus (benchmarks/log_classifier.py prints it) less its newest unseen batch,
 # which measures this value instead of tuning it (session 9: 0.56 on the 430 entries before batch 4; session 10: 0.46
-# on the 463 entries before batch 5; session 11: 0.48 on the 495 entries before batch 6, with that session's rules)
-DEFAULT_CALIBRATION = Calibration(temperature=2.98, threshold=0.48)
+# on the 463 entries before batch 5; session 11: 0.48 on the 495 entries before batch 6, with that session's rules;
+# session 12: 0.54 on the 525 entries before batch 7 — and on batch 7 itself 0.54 gave 2 wrong answers fewer than 0.48
+# for 2 right ones fewer, as 0.48 -> 0.54 did on batch 6: on threads nobody tuned on, the learned layer's answers
+# between these thresholds are wrong about as often as right, and a wrong class costs a doctor tool more than silence)
+DEFAULT_CALIBRATION = Calibration(temperature=2.98, threshold=0.54)
 
 _VALUE_KINDS: dict[str, re.Pattern[str]] = {
     "shape": re.compile(r"[\[(]\s*-?\d+(?:\s*[,x]\s*-?\d+)+\s*[\])]"),
