@@ -8,7 +8,8 @@ fastest; with the items one request needs (1 det, N cls and N rec crops, 1–2 M
 measured in the benchmark), each model can serve throughput_m / items_m requests/s. The
 slowest one — the bottleneck stage — is the bound if the stages overlapped for free; since
 the models share the cores, the no-overlap bound 1 / Σ items_m / throughput_m is the one a
-server on this machine can approach.
+server on this machine can approach. ``summarize_bounds`` makes the run's bound of its
+measurements: per model the fastest rate any of them reached, with their spread.
 ``model_only_bound`` is a profile-only estimate from ``usg tune``'s table (cheapest
 ``p50 × threads / batch`` per item, summed over models, assuming perfect scaling over cores).
 Pre/post-processing, tokenisation and the executor itself are deliberately left out: the bound
