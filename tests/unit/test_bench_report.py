@@ -159,8 +159,8 @@ def test_bench_public_api_is_sorted_and_importable():
         assert getattr(usg.bench, name) is not None
 
 
-def test_bound_measurements_are_summarised_per_level():
-    from usg.bench.runner import _summarize_bounds
+def test_bound_measurements_without_model_rates_are_averaged_per_level():
+    from usg.bench.bound import summarize_bounds as _summarize_bounds
 
     bounds = [
         {"bound_rps": 4.0, "level": 16.0, "achieved": 0.75, "per_model": {}, "bottleneck": "det"},
@@ -174,24 +174,44 @@ def test_bound_measurements_are_summarised_per_level():
 
 
 def test_the_no_overlap_bound_is_summarised_and_printed_with_what_usg_reached_of_it():
-    from usg.bench.runner import _summarize_bounds
+    from usg.bench.bound import summarize_bounds
 
-    per_model = {
-        "det": {"items_per_request": 1.0, "machine_items_per_s": 4.0, "batch": 1, "threads": 1, "instances": 2},
-        "rec": {"items_per_request": 3.75, "machine_items_per_s": 40.0, "batch": 1, "threads": 1, "instances": 2},
-    }
-    common = {"per_model": per_model, "bottleneck": "det", "basis": "b"}
-    bounds = [
-        {**common, "bound_rps": 4.0, "serial_bound_rps": 2.5, "level": 16.0, "achieved": 0.5, "achieved_serial": 0.8},
-        {**common, "bound_rps": 4.0, "serial_bound_rps": 3.5, "level": 16.0, "achieved": 0.5, "achieved_serial": 0.6},
-    ]
-    s = _summarize_bounds(bounds, [16.0])
-    assert s["serial_bound_rps"] == 3.0 and s["achieved_serial"] == {"16": pytest.approx(0.7)}
+    def model(rate: float, items: float) -> dict[str, float]:
+        return {"items_per_request": items, "machine_items_per_s": rate, "batch": 1, "threads": 1, "instances": 2}
+
+    def measurement(det_rate: float, rec_rate: float, usg: float) -> dict[str, object]:
+        per_model = {"det": model(det_rate, 1.0), "rec": model(rec_rate, 3.75)}
+        serial = 1.0 / (1.0 / det_rate + 3.75 / rec_rate)
+        return {
+            "per_model": per_model,
+            "bottleneck": "det",
+            "basis": "b",
+            "bound_rps": det_rate,
+            "serial_bound_rps": serial,
+            "level": 16.0,
+            "usg_rps": usg,
+            "achieved": usg / det_rate,
+            "achieved_serial": usg / serial,
+        }
+
+    # det ran fastest in the first measurement, rec in the second (the other window disturbed)
+    bounds = [measurement(4.0, 30.0, 1.8), measurement(3.0, 40.0, 2.2)]
+    s = summarize_bounds(bounds, [16.0])
+    # per model the fastest rate of the run: det 250 ms + rec 3.75 x 25 ms = 343.75 ms a request
+    assert s["serial_bound_rps"] == pytest.approx(1e3 / 343.75) and s["bound_rps"] == pytest.approx(4.0)
+    # USG's mean (2.0 req/s) against it; never more than against any single measurement
+    assert s["achieved_serial"] == {"16": pytest.approx(2.0 * 0.34375)}
+    assert s["achieved"] == {"16": pytest.approx(0.5)}
+    singles = [m["serial_bound_rps"] for m in s["measurements"]]
+    assert s["serial_bound_rps"] > max(singles) and s["serial_bound_range"] == [min(singles), max(singles)]
     out = io.StringIO()
     render_report(BenchReport("g.yaml", "g.yaml", "closed", 1.0, 0.0, bound=s), Console(file=out, width=300))
     text = out.getvalue()
-    assert "no-overlap model-only bound (the models share the cores): 3.00 req/s" in text
-    assert "USG at 16 clients: 70% of it" in text and "det 1 items x 250 ms (batch 1, 1 thread(s) x 2)" in text
+    assert (
+        "no-overlap model-only bound (the models share the cores): 2.91 req/s (single measurements 2.34–2.67)" in text
+    )
+    assert "USG at 16 clients: 69% of it" in text and "det 1 items x 250 ms (batch 1, 1 thread(s) x 2)" in text
+    assert "rec 3.75 items x 25 ms" in text and "fastest of the run's 2 measurement(s)" in text
 
 
 def test_plots_of_a_run_where_no_request_completed(tmp_path):

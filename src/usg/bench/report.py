@@ -46,6 +46,14 @@ def _level(r: LoadResult) -> float | None:
     return float(r.concurrency) if r.mode == "closed" and r.concurrency is not None else r.rate
 
 
+def _spread(bound: dict[str, Any], key: str) -> str:
+    """`` (single measurements lo–hi)`` when the bound was measured more than once."""
+    lo_hi = bound.get(key)
+    if not lo_hi or len(bound.get("measurements") or []) < 2:
+        return ""
+    return f" (single measurements {lo_hi[0]:.2f}–{lo_hi[1]:.2f})"
+
+
 def run_label(r: LoadResult) -> str:
     return f"{r.system}@c{r.concurrency}" if r.mode == "closed" else f"{r.system}@{r.rate:g}rps"
 
@@ -208,12 +216,14 @@ def render_report(report: BenchReport, console: Any) -> None:
     if report.bound:
         b = report.bound
         console.print(
-            f"model-only bound: {b['bound_rps']:.2f} req/s ({b['basis']}); bottleneck {b['bottleneck']}; "
+            f"model-only bound: {b['bound_rps']:.2f} req/s{_spread(b, 'bound_range')} ({b['basis']}); "
+            f"bottleneck {b['bottleneck']}; "
             + "; ".join(f"USG at {lvl} clients: {frac:.0%} of the bound" for lvl, frac in b.get("achieved", {}).items())
         )
         if b.get("serial_bound_rps"):
             console.print(
-                f"no-overlap model-only bound (the models share the cores): {b['serial_bound_rps']:.2f} req/s; "
+                f"no-overlap model-only bound (the models share the cores): {b['serial_bound_rps']:.2f} req/s"
+                f"{_spread(b, 'serial_bound_range')}; "
                 + "; ".join(
                     f"USG at {lvl} clients: {frac:.0%} of it" for lvl, frac in b.get("achieved_serial", {}).items()
                 )

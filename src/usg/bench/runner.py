@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from usg.bench.bound import summarize_bounds
 from usg.bench.equivalence import check_equivalence
 from usg.bench.loadgen import LoadResult, ProgressFn, run_closed, run_open
 from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, run_label
@@ -197,6 +198,7 @@ class _Run:
         per_req = {m.model: m.items_per_request for m in models if m.requests}
         b = await asyncio.to_thread(self.bound, per_req)
         b["level"] = level
+        b["usg_rps"] = result.throughput
         b["achieved"] = result.throughput / b["bound_rps"] if b["bound_rps"] > 0 else None
         serial = b.get("serial_bound_rps") or 0.0
         b["achieved_serial"] = result.throughput / serial if serial > 0 else None
@@ -213,33 +215,12 @@ class _Run:
                     "ratios involving it are not reliable; fix: raise --duration (or --rounds)"
                 )
         if self.bounds:
-            self.report.bound = _summarize_bounds(self.bounds, self.levels)
+            self.report.bound = summarize_bounds(self.bounds, self.levels)
         if self.cfg.rounds > 1:
             self.report.notes.append(
                 f"{self.cfg.rounds} rounds per system and level, order alternating; the per-model breakdown "
                 "is of the last round"
             )
-
-
-def _summarize_bounds(bounds: list[dict[str, Any]], levels: Sequence[float]) -> dict[str, Any]:
-    """The last measurement's detail, the mean bound, and per level the mean achieved fraction."""
-    summary = dict(bounds[-1])
-    summary["bound_rps"] = sum(b["bound_rps"] for b in bounds) / len(bounds)
-    serial = [b["serial_bound_rps"] for b in bounds if b.get("serial_bound_rps")]
-    if serial:
-        summary["serial_bound_rps"] = sum(serial) / len(serial)
-    summary["measurements"] = [
-        {k: b.get(k) for k in ("level", "bound_rps", "achieved", "serial_bound_rps", "achieved_serial")} for b in bounds
-    ]
-    for key in ("achieved", "achieved_serial"):
-        achieved: dict[str, float] = {}
-        for level in levels:
-            fracs = [b[key] for b in bounds if b["level"] == level and b.get(key) is not None]
-            if fracs:
-                achieved[f"{level:g}"] = sum(fracs) / len(fracs)
-        summary[key] = achieved
-    summary.pop("level", None)
-    return summary
 
 
 def _runs_only_for_its_load(target: Any) -> bool:

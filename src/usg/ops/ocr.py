@@ -9,6 +9,7 @@ rec → CTC decode → map boxes back to the original image.
 from __future__ import annotations
 
 import math
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import cv2
 import numpy as np
 
 from usg.errors import MissingDependency, PayloadTooLarge
+from usg.ops.buffers import BufferPool
 from usg.ops.ocr_db import DetCandidates, det_candidates, scale_candidates
 from usg.ops.signature import ListOf, op
 from usg.ops.wire import BestPath, best_path, derived
@@ -40,6 +42,8 @@ _WH_RATIO = 8
 _REC_SHAPE = (3, 48, 320)
 _CLS_SHAPE = (3, 48, 192)
 DEFAULT_MAX_PREPROCESSED_PIXELS = 8_000_000  # the det input: 96 MB of float32
+_DET_INPUTS = BufferPool()  # det's float32 inputs, alive until det has run on them
+_RESIZED = BufferPool()  # the resized uint8 page, scratch inside _det_input
 
 
 def _rapidocr() -> Any:
@@ -116,6 +120,7 @@ def det_preprocess(
     pixel is allocated.
     """
     _check_det_plan(image, limit_side_len, max_pixels)
+    _opencv_in_calling_thread()
     utils = _rapidocr()
     img = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
     raw_h, raw_w = img.shape[:2]
@@ -142,14 +147,32 @@ def det_preprocess(
 
 
 def _det_input(img: np.ndarray, limit_side_len: int = 736) -> np.ndarray:
-    pre = _det_resizer(limit_side_len)
-    resized = pre.resize(img)  # RapidOCR's resize: min side to limit_side_len, both sides to multiples of 32
+    _opencv_in_calling_thread()
+    # RapidOCR's resize (DetPreProcess.resize: min side to limit_side_len, both sides to multiples of
+    # 32, cv2.resize's default bilinear), into a reused scratch page
+    src_h, src_w = img.shape[:2]
+    h, w = _scaled(src_h, src_w, limit_side_len / min(src_h, src_w) if min(src_h, src_w) < limit_side_len else 1.0)
+    resized = cv2.resize(img, (w, h), dst=_RESIZED.empty((h, w, *img.shape[2:]), img.dtype))
     # (x / 255 - 0.5) / 0.5 in float32 (RapidOCR computes it in float64 and casts: same values to ~1e-7,
-    # at a third of the cost on a 1536x736 page)
-    x = resized.astype(np.float32)
-    x *= np.float32(2.0 / 255.0)
+    # at a third of the cost on a 1536x736 page), written channel by channel straight into the
+    # [1, 3, H, W] input: no float32 HWC page and no transposing copy of it (same float32 operations,
+    # so the same bits as astype, *=, -= and the transpose); on reused memory (usg.ops.buffers)
+    x = _DET_INPUTS.empty((1, 3, h, w), np.float32)
+    for c in range(3):
+        np.multiply(resized[:, :, c], np.float32(2.0 / 255.0), out=x[0, c], dtype=np.float32)
     x -= np.float32(1.0)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    return x
+
+
+@cache
+def _opencv_in_calling_thread() -> None:
+    """Run OpenCV's functions in the thread that calls them (``cv2.setNumThreads(0)``, process-wide),
+    unless ``OPENCV_FOR_THREADS_NUM`` sets its pool. The executor already runs one CPU-bound call per
+    core; OpenCV's own pool split the page resize, colour conversion and dilation across every core
+    on top of that, and its workers' waking and spin-waiting cost more CPU than they saved
+    (benchmarks/README.md, issue #21, session 12)."""
+    if "OPENCV_FOR_THREADS_NUM" not in os.environ:
+        cv2.setNumThreads(0)
 
 
 def _order_clockwise(pts: np.ndarray) -> np.ndarray:
