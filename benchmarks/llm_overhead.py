@@ -363,6 +363,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
                 me0, core0 = _cpu_s(os.getpid()), _core_ticks()
                 done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(side, stream)))
                 core1 = _core_ticks()
+                print(f"  {side}: {done} questions in {secs:.2f} s, {done / secs:.1f} req/s", flush=True)
                 totals[side][0] += done
                 totals[side][1] += secs
                 totals[side][2] += _cpu_s(pids[side]) - cpu0 if side in pids else 0.0
