@@ -15,22 +15,35 @@ Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here
    no graph) — the floor any process in front of the engine pays on this machine's two cores,
    which the engine's threads share.
 
+Placements (``--placement shared,split`` runs both, each with its own engine and servers, and prints
+each table and a summary): ``shared`` (the default) pins nothing, so the engine's torch threads, the
+proxies and the clients share every core; ``split`` pins the engine to ``--engine-cpus`` (torch
+threads = those cores) and this process (the clients), ``usg serve`` and the bare proxy to the other
+cores — the deployment where the engine runs on its own hardware (a GPU) and a proxy's CPU is not
+taken from generation. The same pinning holds for the direct, USG and bare sides of a run; the
+``Cpus_allowed_list`` of every thread of every process is read after the warm-up and after the
+rounds and printed (the run stops if one is off), and each core's busy share over each side's
+rounds is printed (split: the proxy core near 100% means the proxy side was the limit).
+
 Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
 token), the ``usg serve`` process's CPU time per question, and the throughput ratios (target
 ≥ 0.95×). Greedy decoding: both paths generate the
-same tokens. Run: ``python benchmarks/llm_overhead.py`` (needs ``usg[llm-engine]``, torch).
+same tokens. Run: ``python benchmarks/llm_overhead.py [--placement shared,split]`` (needs
+``usg[llm-engine]``, torch; ``split`` needs Linux and 2+ cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,28 +176,127 @@ def _start_bare(eurl: str, model: str, max_tokens: int, inflight: int, log: Path
     return bare
 
 
+def _cpu_list(text: str) -> set[int]:
+    """``"0-1,3"`` → ``{0, 1, 3}`` (the format of ``Cpus_allowed_list`` and ``--engine-cpus``)."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _fmt_cpus(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _pin_threads(pid: int, cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of ``pid`` (``sched_setaffinity`` acts on one thread;
+    threads and processes started later inherit their creator's)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextlib.contextmanager
+def _spawning_on(cpus: set[int] | None) -> Iterator[None]:
+    """Processes started inside run on ``cpus`` (they inherit this thread's affinity); this thread's
+    own affinity is restored after."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Child processes of ``pid``, recursively (from ``/proc/*/stat``'s parent ids)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def _allowed(pid: int) -> tuple[int, set[str]]:
+    """(threads, the distinct ``Cpus_allowed_list`` values of those threads) of process ``pid``."""
+    lists: set[str] = set()
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    lists.add(line.split(":", 1)[1].strip())
+                    n += 1
+    return n, lists
+
+
+def _check_pinning(when: str, procs: dict[str, int], expected: dict[str, set[int]]) -> list[str]:
+    """Read ``Cpus_allowed_list`` of every thread of every process in ``procs`` (and of their child
+    processes); one line each; exit if any thread may run outside its expected cores."""
+    lines, wrong = [], []
+    for name, pid in procs.items():
+        for p in [pid, *(k for k in _descendants(pid) if k not in procs.values())]:
+            threads, lists = _allowed(p)
+            ok = all(_cpu_list(x) == expected[name] for x in lists)
+            label = name if p == pid else f"{name} child {p}"
+            lines.append(
+                f"  {when}: {label:<22} pid {p:>7}  {threads:>3} threads  Cpus_allowed_list "
+                f"{' | '.join(sorted(lists))}  (expected {_fmt_cpus(expected[name])}) {'ok' if ok else 'WRONG'}"
+            )
+            if not ok:
+                wrong.append(label)
+    print("\n".join(lines), flush=True)
+    if wrong:
+        raise SystemExit(f"pinning did not hold for {', '.join(wrong)}: see the Cpus_allowed_list lines above")
+    return lines
+
+
+def _core_ticks() -> dict[int, tuple[int, int]]:
+    """Per core: (busy, total) clock ticks since boot (``/proc/stat``; idle and iowait are not busy)."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(f) for f in fields[:8]]
+            out[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))
+    return out
+
+
 def _p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1e3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=40, help="sequential questions per side (latency, TTFT)")
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--per-client", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument(
-        "--engine-threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads of the engine (default: one per core, sharing them with usg serve)",
-    )
-    args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="llm-overhead-"))
-    print("building the tiny model and starting transformers serve ...", flush=True)
-    engine = start_engine(build_tiny_llama(tmp / "model"), tmp / "engine.log", threads=args.engine_threads)
-    usg_server = bare = None
+def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp: Path) -> dict[str, Any]:
+    """One full measurement (latency, TTFT, plain and streamed throughput) with its own engine,
+    ``usg serve`` and bare proxy. ``shared``: no pinning (the engine's torch threads, the proxies and
+    the clients share every core). ``split``: the engine on ``args.engine_cpus`` (torch threads = those
+    cores), this process's clients, ``usg serve`` and the bare proxy on the others."""
+    everything = os.sched_getaffinity(0)
+    if placement == "split":
+        engine_cpus = args.engine_cpus
+        proxy_cpus = everything - engine_cpus
+        threads: int | None = len(engine_cpus)
+    else:
+        engine_cpus = proxy_cpus = everything
+        threads = args.engine_threads
+    tmp = tmp / placement
+    tmp.mkdir()
+    if placement == "split":
+        _pin_threads(os.getpid(), proxy_cpus)  # the clients (and whatever this process spawns next)
+    engine = usg_server = bare = None
     try:
+        with _spawning_on(engine_cpus if placement == "split" else None):
+            engine = start_engine(model_dir, tmp / "engine.log", threads=threads)
         eurl = f"http://127.0.0.1:{engine.port}"
         model = httpx.get(f"{eurl}/v1/models").json()["data"][0]["id"]
         graph = tmp / "graph.yaml"
@@ -193,6 +305,10 @@ def main() -> None:
         uurl = usg_server.url
         bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / "bare.log")
         burl = f"http://127.0.0.1:{bare.port}"
+        pids = {"usg": usg_server.proc.pid, "bare": bare.proc.pid}
+        procs = {"engine": engine.proc.pid, "usg serve": pids["usg"], "bare proxy": pids["bare"]}
+        procs["clients"] = os.getpid()
+        expected = {"engine": engine_cpus, "usg serve": proxy_cpus, "bare proxy": proxy_cpus, "clients": proxy_cpus}
         plain, streamed = (_direct_body(model, args.max_tokens, QUESTION, s) for s in (False, True))
         with httpx.Client(timeout=300) as client:
             for _ in range(3):  # warm both paths (first generation, connections)
@@ -201,6 +317,7 @@ def main() -> None:
                 _usg(client, uurl, QUESTION, stream=False)
                 _usg(client, uurl, QUESTION, stream=True)
                 client.post(f"{burl}/v1/infer", json={"inputs": {"question": QUESTION}}).raise_for_status()
+            pinning = _check_pinning("after warm-up", procs, expected)
             print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
             cpu0 = _cpu_s(usg_server.proc.pid)
             d_lat, u_lat = _alternate(
@@ -230,7 +347,8 @@ def main() -> None:
 
         rps: dict[bool, dict[str, float]] = {}
         load_cpu: dict[str, float] = {}
-        pids = {"usg": usg_server.proc.pid, "bare": bare.proc.pid}
+        client_cpu: dict[str, float] = {}
+        busy: dict[bool, dict[str, dict[int, float]]] = {}
         for stream in (False, True):
             order = ("direct", "usg", "usg", "direct") if stream else ("direct", "usg", "bare", "bare", "usg", "direct")
             print(
@@ -238,29 +356,72 @@ def main() -> None:
                 f"{args.per_client} questions per side and round, 2 rounds ({', '.join(order)}) ...",
                 flush=True,
             )
-            totals = {side: [0, 0.0, 0.0] for side in order}
+            totals = {side: [0, 0.0, 0.0, 0.0] for side in order}
+            ticks: dict[str, dict[int, list[int]]] = {side: {} for side in order}
             for side in order:
                 cpu0 = _cpu_s(pids[side]) if side in pids else 0.0
+                me0, core0 = _cpu_s(os.getpid()), _core_ticks()
                 done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(side, stream)))
+                core1 = _core_ticks()
+                print(f"  {side}: {done} questions in {secs:.2f} s, {done / secs:.1f} req/s", flush=True)
                 totals[side][0] += done
                 totals[side][1] += secs
                 totals[side][2] += _cpu_s(pids[side]) - cpu0 if side in pids else 0.0
-            rps[stream] = {side: done / secs for side, (done, secs, _) in totals.items()}
+                totals[side][3] += _cpu_s(os.getpid()) - me0
+                for c, (b1, t1) in core1.items():
+                    acc = ticks[side].setdefault(c, [0, 0])
+                    acc[0] += b1 - core0[c][0]
+                    acc[1] += t1 - core0[c][1]
+            rps[stream] = {side: done / secs for side, (done, secs, _, _) in totals.items()}
             if not stream:
-                load_cpu = {side: cpu / done * 1e3 for side, (done, _, cpu) in totals.items() if side in pids}
+                load_cpu = {side: cpu / done * 1e3 for side, (done, _, cpu, _) in totals.items() if side in pids}
+                client_cpu = {side: me / done * 1e3 for side, (done, _, _, me) in totals.items()}
+            busy[stream] = {side: {c: b / max(t, 1) for c, (b, t) in cores.items()} for side, cores in ticks.items()}
+        pinning += _check_pinning("after the rounds", procs, expected)
         n = int(totals["usg"][0])
     finally:
-        for proc in (usg_server, bare):
+        for proc in (usg_server, bare, engine):
             if proc is not None:
                 proc.stop()
-        engine.stop()
+        if placement == "split":
+            _pin_threads(os.getpid(), everything)
 
+    return {
+        "placement": placement,
+        "engine_cpus": engine_cpus,
+        "proxy_cpus": proxy_cpus,
+        "threads": threads,
+        "n": n,
+        "d_lat": d_lat,
+        "u_lat": u_lat,
+        "d_tt": d_tt,
+        "u_tt": u_tt,
+        "usg_cpu_ms": usg_cpu_ms,
+        "usg_cpu_stream_ms": usg_cpu_stream_ms,
+        "rps": rps,
+        "load_cpu": load_cpu,
+        "client_cpu": client_cpu,
+        "busy": busy,
+        "pinning": pinning,
+    }
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    """Print one placement's table; return its headline figures."""
+    d_lat, u_lat, d_tt, u_tt, rps, load_cpu = (r[k] for k in ("d_lat", "u_lat", "d_tt", "u_tt", "rps", "load_cpu"))
     lat_d, lat_u = _p50_ms([t for t, _ in d_lat]), _p50_ms([t for t, _ in u_lat])
     tt_d, tt_u = _p50_ms([f for _, f in d_tt]), _p50_ms([f for _, f in u_tt])
     paired = statistics.median([(u[0] - d[0]) * 1e3 for d, u in zip(d_lat, u_lat, strict=True)])
     paired_tt = statistics.median([(u[1] - d[1]) * 1e3 for d, u in zip(d_tt, u_tt, strict=True)])
     own = _p50_ms([o for _, o in u_lat])
     print()
+    if r["placement"] == "split":
+        print(
+            f"== placement split: engine pinned to cpu {_fmt_cpus(r['engine_cpus'])} (torch threads {r['threads']}); "
+            f"clients, usg serve and the bare proxy pinned to cpu {_fmt_cpus(r['proxy_cpus'])} =="
+        )
+    else:
+        print("== placement shared: no pinning (engine, usg serve, bare proxy and clients share every core) ==")
     print(f"{'measure':<38}{'direct':>10}{'via USG':>10}{'added':>10}{'target':>10}")
     print(
         f"{'p50 latency, text-only question (ms)':<38}{lat_d:>10.1f}{lat_u:>10.1f}{lat_u - lat_d:>+10.1f}{'<= 3':>10}"
@@ -269,8 +430,8 @@ def main() -> None:
     print(f"{'median paired difference, latency (ms)':<38}{'':>10}{'':>10}{paired:>+10.1f}")
     print(f"{'median paired difference, TTFT (ms)':<38}{'':>10}{'':>10}{paired_tt:>+10.1f}")
     print(f"{'p50 USG time outside the engine call':<38}{'':>10}{'':>10}{own:>+10.1f}{'<= 3':>10}")
-    print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{usg_cpu_ms:>10.2f}")
-    print(f"{'usg serve CPU per streamed question':<38}{'':>10}{usg_cpu_stream_ms:>10.2f}")
+    print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{r['usg_cpu_ms']:>10.2f}")
+    print(f"{'usg serve CPU per streamed question':<38}{'':>10}{r['usg_cpu_stream_ms']:>10.2f}")
     for stream, label in ((False, f"throughput, {args.clients} clients"), (True, "  the same, streamed")):
         direct_rps, usg_rps = rps[stream]["direct"], rps[stream]["usg"]
         print(
@@ -281,16 +442,111 @@ def main() -> None:
     print(f"{bare_rps / rps[False]['direct']:>9.3f}x   (floor)")
     print(f"{'  USG / the bare proxy':<38}{'':>20}{rps[False]['usg'] / bare_rps:>9.3f}x")
     print(f"{'CPU per question under load, USG/bare':<38}{load_cpu['usg']:>10.2f}{load_cpu['bare']:>10.2f}{'ms':>10}")
-    threads = args.engine_threads or "one per core"
-    print(f"({n} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU, threads {threads})")
+    cc = r["client_cpu"]
+    print(
+        f"{'clients CPU per question, direct/USG/bare':<38}{cc['direct']:>10.2f}{cc['usg']:>10.2f}{cc['bare']:>10.2f}"
+        f"{'ms':>10}"
+    )
+    roles = {c: "engine+proxy" if r["placement"] == "shared" else "engine" for c in r["engine_cpus"]}
+    if r["placement"] == "split":
+        roles.update({c: "proxy" for c in r["proxy_cpus"]})
+    cores = "  ".join(f"cpu{c} ({role})" for c, role in sorted(roles.items()))
+    print(f"core utilisation over the rounds: {cores}")
+    for stream, side in ((False, "direct"), (False, "usg"), (False, "bare"), (True, "direct"), (True, "usg")):
+        util = "  ".join(f"{r['busy'][stream][side].get(c, 0.0) * 100:5.1f}%" for c in sorted(roles))
+        print(f"  {side + (' streamed' if stream else ''):<16}{util}")
+    threads = r["threads"] or "one per core"
+    print(
+        f"({r['n']} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU, "
+        f"threads {threads})"
+    )
+    return {
+        "direct": rps[False]["direct"],
+        "usg": rps[False]["usg"] / rps[False]["direct"],
+        "bare": bare_rps / rps[False]["direct"],
+        "usg_bare": rps[False]["usg"] / bare_rps,
+        "streamed": rps[True]["usg"] / rps[True]["direct"],
+        "lat": lat_u - lat_d,
+        "ttft": tt_u - tt_d,
+        "cpu": load_cpu["usg"],
+        "cpu_bare": load_cpu["bare"],
+        "proxy_busy": sum(r["busy"][False]["usg"].get(c, 0.0) for c in r["proxy_cpus"]) / len(r["proxy_cpus"]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=40, help="sequential questions per side (latency, TTFT)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument(
+        "--engine-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the engine in the shared placement (default: one per core, sharing "
+        "them with usg serve)",
+    )
+    ap.add_argument(
+        "--placement",
+        default="shared",
+        help="comma-separated, run in this order: shared (no pinning, the default) and/or split (the engine "
+        "on --engine-cpus, the clients and the proxies on the other cores, as with an engine on a GPU)",
+    )
+    ap.add_argument(
+        "--engine-cpus",
+        type=_cpu_list,
+        default=None,
+        help="the engine's cores in the split placement, e.g. 1 or 2-3 (default: the upper half of this "
+        "process's cores)",
+    )
+    args = ap.parse_args()
+    placements = [p.strip() for p in args.placement.split(",") if p.strip()]
+    for p in placements:
+        if p not in ("shared", "split"):
+            ap.error(f"--placement {args.placement!r}: {p!r} is not a placement; use shared, split or shared,split")
+    cores = sorted(os.sched_getaffinity(0))
+    if args.engine_cpus is None:
+        args.engine_cpus = set(cores[len(cores) // 2 :])
+    if "split" in placements:
+        if len(cores) < 2:
+            ap.error(f"--placement split needs 2 or more cores; this process may run on {len(cores)}")
+        if not args.engine_cpus < set(cores):
+            ap.error(
+                f"--engine-cpus {_fmt_cpus(args.engine_cpus)}: must be some, not all, of this process's cores "
+                f"({_fmt_cpus(set(cores))}); leave the others to the clients and the proxies"
+            )
+    tmp = Path(tempfile.mkdtemp(prefix="llm-overhead-"))
+    print("building the tiny model ...", flush=True)
+    model_dir = build_tiny_llama(tmp / "model")
+    summary = []
+    for placement in placements:
+        print(f"placement {placement}: starting transformers serve, usg serve and the bare proxy ...", flush=True)
+        result = run_placement(placement, args, model_dir, tmp)
+        summary.append((placement, report(result, args)))
+    print()
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "
         "prompt node, JSON); unlike the A/B difference it does not carry the engine's run-to-run variance; "
         "usg serve CPU = the server process's run time over the latency phase (streamed: the TTFT phase), per "
         "question (everything USG does, its own engine client included; the least load-sensitive figure); the "
         "bare proxy (benchmarks/bare_llm_proxy.py): uvicorn + USG's engine client, no graph, limits or metrics — "
-        "what any process between the clients and a CPU engine on the same cores costs"
+        "what any process between the clients and a CPU engine on the same cores costs; core utilisation = "
+        "busy share of each core (/proc/stat) over each side's rounds (split: when the proxy core is near "
+        "100% the proxy side, not the engine, was the limit)"
     )
+    if len(summary) > 1:
+        print()
+        print(
+            f"{'placement':<10}{'direct req/s':>13}{'USG/direct':>11}{'bare/direct':>12}{'USG/bare':>9}"
+            f"{'streamed':>9}{'p50 added':>10}{'TTFT added':>11}{'CPU USG/bare':>14}{'proxy cores':>12}"
+        )
+        for placement, s in summary:
+            print(
+                f"{placement:<10}{s['direct']:>13.2f}{s['usg']:>10.3f}x{s['bare']:>11.3f}x{s['usg_bare']:>8.3f}x"
+                f"{s['streamed']:>8.3f}x{s['lat']:>+10.1f}{s['ttft']:>+11.1f}{s['cpu']:>8.2f}/{s['cpu_bare']:.2f}"
+                f"{s['proxy_busy'] * 100:>11.0f}%"
+            )
 
 
 if __name__ == "__main__":
