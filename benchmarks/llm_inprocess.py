@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llm_overhead import GRAPH  # the same graph as the end-to-end benchmark
+
 ANSWER = json.dumps(
     {
         "id": "c1",
@@ -37,23 +39,6 @@ ANSWER = json.dumps(
     }
 ).encode()
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny", "max_model_len": 4096}]}).encode()
-GRAPH = """
-name: ask
-inputs:
-  question: {{modality: text}}
-models:
-  llm:
-    backend: openai
-    options: {{url: '{url}', model: tiny, max_tokens: 8, max_inflight: 32, timeout_s: 300}}
-nodes:
-  prompt:
-    fn: usg.ops.llm:chat
-    inputs: {{question: inputs.question}}
-    options: {{system: "Be brief.", user: "Question: {{question}}"}}
-  answer: {{model: llm, inputs: {{messages: prompt.messages}}}}
-outputs:
-  answer: answer.text
-"""
 
 
 class _Engine(asyncio.Protocol):
@@ -96,7 +81,7 @@ async def _measure(url: str, blocks: int, calls: int) -> list[float]:
     from usg.serve.app import create_app
 
     path = Path(tempfile.mkdtemp(prefix="llm-inprocess-")) / "graph.yaml"
-    path.write_text(GRAPH.format(url=url))
+    path.write_text(GRAPH.format(url=url, model="tiny", max_tokens=8, inflight=32))
     app = create_app(usg.load_graph(path), max_inflight=64)
     lifespan_in: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     lifespan_out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
