@@ -10,7 +10,14 @@ no stage accounts for: ORT's own pool threads (a model with ``intra_op_threads``
 of each call there), worker threads between tasks, the garbage collector, numpy copies made
 outside the nodes. Then every stage runs alone on the same inputs, one thread, one call at a
 time (``alone``): in-pipeline / alone is what running beside the other stages on the shared
-cores costs (cache and memory-bandwidth contention, more threads than cores).
+cores costs (cache and memory-bandwidth contention, more threads than cores). "Alone" is one
+call at a time with the other core idle; ``--bound SIDECAR`` also measures ``usg bench``'s
+model-only bound (each model alone on the whole machine, e.g. two det calls side by side) after
+the rounds, and prints each variant's share of it and each model's CPU per item against it.
+
+Per model call it prints, in the pipeline and alone, the calling thread's CPU and wall time,
+minor page faults, voluntary and involuntary context switches (``RUSAGE_THREAD``) and core
+migrations (``/proc/thread-self/sched``): preemption, page faults and migrations per call.
 
 Variants (``--variant``, repeatable; rounds alternate their order):
   written     examples/document_ocr/graph.yaml as is, the executor's defaults (since session 10
@@ -18,9 +25,12 @@ Variants (``--variant``, repeatable; rounds alternate their order):
               ``gated`` is the same)
   ungated     written, with ``Executor(cpu_slots=0)`` (the operating system shares the cores)
   det2x1      det with 2 intra-op threads and one call at a time (the graph: 1 thread, 2 calls)
+  minilm2     MiniLM with 2 intra-op threads (the graph before session 13: 1 since), so the CPU gate
+              does not count its calls and its batch controller is off
   rec1        rec fixed at batch 1 (``max_size: 1``, the tune choice on this CPU)
 
 Run: python benchmarks/cpu_c16.py [--duration 30] [--rounds 2] [--variant written --variant ungated]
+     [--bound examples/document_ocr/graph.tuned.yaml] [--decisions]
 Prints per round and variant: req/s, process CPU ms per request, and the stage table (median
 over rounds). No pass/fail.
 """
@@ -48,13 +58,28 @@ from usg.runtime import Executor
 GRAPH = Path(__file__).parents[1] / "examples" / "document_ocr" / "graph.yaml"
 
 
+def _migrations() -> int:
+    """Times the calling thread moved to another core (Linux ``/proc/thread-self/sched``; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/sched", "rb") as f:
+            for line in f:
+                if line.startswith(b"se.nr_migrations"):
+                    return int(line.split(b":")[1])
+    except OSError:
+        pass
+    return 0
+
+
 class Meter:
-    """Thread-CPU ms per stage, counted only while ``on``."""
+    """Thread-CPU ms per stage, counted only while ``on``; per model call also the calling thread's
+    minor page faults, voluntary / involuntary context switches and core migrations (``per_call``)."""
 
     def __init__(self) -> None:
         self.on = False
         self.ms: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        #: per stage: [wall ms, minor faults, voluntary, involuntary switches, migrations] summed over calls
+        self.thread: dict[str, list[float]] = defaultdict(lambda: [0.0] * 5)
         self.inline_ms = 0.0  # stages run on the event loop's thread (counted there too)
         self.loop_thread: int | None = None
         self._lock = threading.Lock()
@@ -77,6 +102,33 @@ class Meter:
 
         return timed
 
+    def wrap_thread(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``wrap`` plus the calling thread's rusage (faults, switches) and migrations over the call."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            r0, m0 = resource.getrusage(resource.RUSAGE_THREAD), _migrations()
+            w0, t0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                t1, w1 = time.thread_time(), time.perf_counter()
+                r1, m1 = resource.getrusage(resource.RUSAGE_THREAD), _migrations()
+                if self.on:
+                    d = (
+                        (w1 - w0) * 1e3,
+                        r1.ru_minflt - r0.ru_minflt,
+                        r1.ru_nvcsw - r0.ru_nvcsw,
+                        r1.ru_nivcsw - r0.ru_nivcsw,
+                        m1 - m0,
+                    )
+                    with self._lock:
+                        acc = self.thread[stage]
+                        for k, v in enumerate(d):
+                            acc[k] += v
+                self.add(stage, (t1 - t0) * 1e3)
+
+        return timed
+
 
 def variant_graph(name: str, graph: Graph) -> tuple[Graph, int | None]:
     """(graph, cpu_slots) of a variant."""
@@ -88,11 +140,14 @@ def variant_graph(name: str, graph: Graph) -> tuple[Graph, int | None]:
     if name == "det2x1":
         det = models["det"]
         models["det"] = replace(det, options={**det.options, "intra_op_threads": 2, "concurrency": 1})
+    elif name == "minilm2":
+        m = models["minilm"]
+        models["minilm"] = replace(m, options={**m.options, "intra_op_threads": 2})
     elif name == "rec1":
         rec = models["rec"]
         models["rec"] = replace(rec, batch=replace(rec.batch, max_size=1, adaptive=False))
     else:
-        raise SystemExit(f"--variant {name}: unknown; use written, ungated, det2x1 or rec1")
+        raise SystemExit(f"--variant {name}: unknown; use written, ungated, det2x1, minilm2 or rec1")
     return replace(graph, models=models), None
 
 
@@ -105,7 +160,7 @@ def instrument(ex: Executor, meter: Meter) -> None:
             continue
         seen.add(id(backend))
         stage = f"model {runner.model}"
-        backend.infer = meter.wrap(stage, backend.infer)  # type: ignore[method-assign]
+        backend.infer = meter.wrap_thread(stage, backend.infer)  # type: ignore[method-assign]
     fns = ex._fns  # a benchmark: time the node functions the executor resolved
     for node, fn in list(fns.items()):
         fns[node] = meter.wrap(f"node {node}", fn)
@@ -180,14 +235,25 @@ async def one_round(
         "text": text,
         "n": done,
         "calls": {k: v / n for k, v in meter.calls.items()},
+        "per_call": per_call(meter),
         "decisions": decisions,
     }
 
 
-def alone(graph: Graph, inputs: list[dict[str, Any]], repeat: int) -> dict[str, float]:
-    """CPU ms per request of each stage run alone: one request at a time, one worker thread."""
+def per_call(meter: Meter) -> dict[str, list[float]]:
+    """Per model, per call: [CPU ms, wall ms, minor faults, voluntary, involuntary switches, migrations]."""
+    out = {}
+    for k, acc in meter.thread.items():
+        c = max(1, meter.calls[k])
+        out[k] = [meter.ms[k] / c] + [v / c for v in acc]
+    return out
 
-    async def run() -> dict[str, float]:
+
+def alone(graph: Graph, inputs: list[dict[str, Any]], repeat: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """CPU ms per request of each stage run alone: one request at a time, one worker thread; and
+    the models' per-call figures (:func:`per_call`)."""
+
+    async def run() -> tuple[dict[str, float], dict[str, list[float]]]:
         meter = Meter()
         async with Executor(graph, timeout_s=900, cache=False, cpu_slots=0) as ex:
             instrument(ex, meter)
@@ -197,9 +263,38 @@ def alone(graph: Graph, inputs: list[dict[str, Any]], repeat: int) -> dict[str, 
             for _ in range(repeat):
                 for i in inputs:
                     await ex.infer(i)
-        return {k: v / (repeat * len(inputs)) for k, v in meter.ms.items()}
+        return {k: v / (repeat * len(inputs)) for k, v in meter.ms.items()}, per_call(meter)
 
     return asyncio.run(run())
+
+
+def print_bound(graph: Graph, sidecar: Path, results: dict[str, list[dict[str, Any]]]) -> None:
+    """usg bench's no-overlap model-only bound (usg.bench.bound.BoundMeter, one measurement), each
+    variant's req/s against it, and per model the pipeline's CPU per item against the bound's."""
+    from usg.bench.bound import BoundMeter
+
+    bound = BoundMeter(graph, sidecar, default_samples(), seconds=5.0)({})
+    cores = os.cpu_count() or 1
+    serial = bound["serial_bound_rps"]
+    print(
+        f"\nmodel-only bound (no overlap) {serial:.2f} req/s = {bound['ms_per_request'] * cores:.1f} core-ms a request "
+        f"on {cores} cores"
+    )
+    for name, rs in results.items():
+        rps = statistics.median(r["rps"] for r in rs)
+        print(f"  {name}: {rps:.2f} req/s = {100 * rps / serial:.1f}% of it")
+    print(
+        f"  {'model':<8}{'items/req':>10}{'bound core-ms/item':>20}{'config':>16}"
+        + "".join(f"{n:>14}" for n in results)
+    )
+    for model, m in bound["per_model"].items():
+        core_ms = cores * 1e3 / m["machine_items_per_s"]
+        cells = ""
+        for rs in results.values():
+            cpu = statistics.median(r["stages"].get(f"model {model}", 0.0) for r in rs) / m["items_per_request"]
+            cells += f"{f'{cpu:.2f} ({cpu / core_ms:.2f}x)':>14}"
+        config = f"b{m['batch']} {m['threads']}t x{m['instances']}"
+        print(f"  {model:<8}{m['items_per_request']:>10.2f}{core_ms:>20.2f}{config:>16}{cells}")
 
 
 def main() -> None:
@@ -210,6 +305,14 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=None)
     ap.add_argument("--alone-repeat", type=int, default=3)
     ap.add_argument("--decisions", action="store_true", help="print the batch controllers' decisions per round")
+    ap.add_argument(
+        "--bound",
+        type=Path,
+        default=None,
+        metavar="SIDECAR",
+        help="also measure usg bench's model-only bound with this tune sidecar (each model alone on the machine), "
+        "after the rounds, and print each variant's share of it and each model's CPU per item against it",
+    )
     args = ap.parse_args()
     graph = load_graph(GRAPH, export_missing=True)
     names = args.variant or ["written"]
@@ -241,7 +344,7 @@ def main() -> None:
             if args.decisions:
                 for line in res["decisions"]:
                     print(f"    {line}", flush=True)
-    base = alone(graph, inputs, args.alone_repeat)
+    base, base_calls = alone(graph, inputs, args.alone_repeat)
     same = all(res["text"] == results[names[0]][0]["text"] for rs in results.values() for res in rs)
     print(f"\n{args.clients} clients, {args.rounds} rounds x {args.duration:g} s; OCR text identical: {same}")
     for name, rs in results.items():
@@ -264,6 +367,19 @@ def main() -> None:
             alone_s = f"{a:9.1f}" if a is not None else f"{'':>9}"
             print(f"  {k:<28}{v:>11.1f}{100 * v / cpu:>6.1f}%{alone_s}{ratio}{calls:>10.2f}")
         print(f"  {'total':<28}{cpu:>11.1f}{'':>7}{sum(base.values()):>9.1f}   (alone: models and nodes only)")
+        print(
+            f"  per model call, in the pipeline (median of rounds) | alone: {'CPU ms':>14}{'wall ms':>16}"
+            f"{'minor faults':>16}{'vol. switches':>16}{'invol. switches':>18}{'migrations':>14}"
+        )
+        for k in sorted({k for r in rs for k in r["per_call"]}):
+            here = [statistics.median(r["per_call"][k][j] for r in rs if k in r["per_call"]) for j in range(6)]
+            there = base_calls.get(k, [float("nan")] * 6)
+            cells = "".join(
+                f"{f'{a:.1f} | {b:.1f}':>{w}}" for a, b, w in zip(here, there, (14, 16, 16, 16, 18, 14), strict=True)
+            )
+            print(f"  {k:<50}{'':>8}{cells}")
+    if args.bound is not None:
+        print_bound(graph, args.bound, results)
     if len(names) > 1:
         ref = results[names[0]]
         for name in names[1:]:
