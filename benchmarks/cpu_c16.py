@@ -25,8 +25,9 @@ Variants (``--variant``, repeatable; rounds alternate their order):
               ``gated`` is the same)
   ungated     written, with ``Executor(cpu_slots=0)`` (the operating system shares the cores)
   det2x1      det with 2 intra-op threads and one call at a time (the graph: 1 thread, 2 calls)
-  minilm2     MiniLM with 2 intra-op threads (the graph before session 13: 1 since), so the CPU gate
-              does not count its calls and its batch controller is off
+  minilm2     MiniLM with 2 intra-op threads and one call at a time (the graph before session 13;
+              1 thread x 2 calls since), so the CPU gate does not count its calls and its batch
+              controller is off
   rec1        rec fixed at batch 1 (``max_size: 1``, the tune choice on this CPU)
 
 Run: python benchmarks/cpu_c16.py [--duration 30] [--rounds 2] [--variant written --variant ungated]
@@ -142,7 +143,8 @@ def variant_graph(name: str, graph: Graph) -> tuple[Graph, int | None]:
         models["det"] = replace(det, options={**det.options, "intra_op_threads": 2, "concurrency": 1})
     elif name == "minilm2":
         m = models["minilm"]
-        models["minilm"] = replace(m, options={**m.options, "intra_op_threads": 2})
+        opts = {k: v for k, v in m.options.items() if k != "concurrency"}
+        models["minilm"] = replace(m, options={**opts, "intra_op_threads": 2})
     elif name == "rec1":
         rec = models["rec"]
         models["rec"] = replace(rec, batch=replace(rec.batch, max_size=1, adaptive=False))
