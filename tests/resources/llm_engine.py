@@ -53,10 +53,17 @@ def build_tiny_llama(out: Path, *, max_positions: int = 512) -> Path:
 
 
 def start_engine(
-    model_dir: Path, log: Path, *, probe: bool = False, timeout_s: float = 240, threads: int | None = None
+    model_dir: Path,
+    log: Path,
+    *,
+    probe: bool = False,
+    timeout_s: float = 240,
+    threads: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """``transformers serve MODEL_DIR`` on a free 127.0.0.1 port (CPU), ready; offline; ``threads``:
-    torch's intra-op threads (``OMP_NUM_THREADS``; default: torch's own choice, one per core)."""
+    torch's intra-op threads (``OMP_NUM_THREADS``; default: torch's own choice, one per core);
+    ``env``: more environment variables for the engine (e.g. ``OMP_WAIT_POLICY``)."""
     port = free_port()
     serve_args = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
     if probe:
@@ -64,11 +71,17 @@ def start_engine(
     else:
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
         cmd = [exe, *serve_args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
     if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+        full_env["OMP_NUM_THREADS"] = str(threads)
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     server = ServerProcess(proc, port, log)
     server.wait_ready(f"http://127.0.0.1:{port}/health", name="transformers serve", timeout_s=timeout_s)
     return server
