@@ -94,9 +94,12 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 _FRAME = re.compile(r"^\s+(File \"|\S)|^\s*$|^\s*\^+\s*$|^\s*~+")
 _CHAIN = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 _ERRORISH = re.compile(
-    r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\bE\d{4} |\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception): "
+    r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\bE\d{4} |\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception) ?: "
     r"|"
     r"\bfailed\b|\bFAILED\b|\bcannot\b|\bcould not\b|\bnot supported\b|\bunsupported\b|\bout of memory\b|"
+    # ONNX Runtime's C# API wraps every error in "[ErrorCode:X]"; its executor's kernel failures, pasted without the
+    # "[E:onnxruntime" prefix, start "Non-zero status code returned while running"
+    r"\[ErrorCode:\w+\]|Non-zero status code returned|"
     r"onnxruntime_pybind11_state\.[A-Z]\w+\b)",
     re.IGNORECASE,
 )
@@ -263,6 +266,19 @@ def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex
                 root_cause=pred.root_cause,
             )
         ev_head.update(confidence=pred.confidence, similar_cases=near)
+        if pred.candidates:  # known, with several causes: say which, and how each was resolved
+            ev_head["candidate_causes"] = [c.value for c in pred.candidates]
+            ways = "; ".join(f"{n.case.root_cause.value}: {n.case.resolution} ({n.case.url})" for n in pred.neighbours)
+            return finding(
+                "LOG000",
+                f"unclassified error: {head.strip()[:300]} — known cases of this message had different causes "
+                f"({', '.join(ev_head['candidate_causes'])})",
+                Location(source, line=ev.line_no),
+                "the message alone does not tell which cause applies here (the versions installed, the build or the "
+                f"configuration decide it); check each against your setup — {ways}",
+                ev_head,
+                stage=Stage.LOGS,
+            )
     return finding(
         "LOG000",
         f"unclassified error: {head.strip()[:300]}",

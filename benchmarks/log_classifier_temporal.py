@@ -1,0 +1,72 @@
+"""`usg doctor logs` on the older unseen batches: each batch classified with the corpus as it was before it.
+
+Leave-one-project-out (benchmarks/log_classifier.py) over-states precision on new threads: the corpus holds
+near-duplicates of a message family across projects. Every unseen batch (see the corpus PROVENANCE.md) entered the
+corpus in one commit; here each batch is classified by the code on the import path with the learned layer fitted on
+the corpus at that commit's parent (the batch's threads left out), at the shipped temperature and the thresholds
+given. The rules are optimistic here (written after those batches were read); the learned layer is not.
+
+Run: python benchmarks/log_classifier_temporal.py [--thresholds 0.48,0.54,0.60] [--details]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+from log_classifier_unseen import corpus_at
+
+from usg.doctor.findings import RootCause
+from usg.doctor.logs.classify import classify_text, root_error
+from usg.doctor.logs.corpus import thread_key
+from usg.doctor.logs.model import DEFAULT_CALIBRATION, Calibration
+from usg.doctor.logs.similar import CaseIndex
+
+# (parent, commit) of each unseen batch added to the corpus, oldest first (batch 8 is the newest: not listed, it
+# measures the code instead)
+BATCHES = (
+    ("d1a238e", "dbfbd33"),  # batch 2 (session 7, 21 entries)
+    ("ee3d1ff", "ad85f66"),  # batch 3
+    ("e0e0f81", "34f1874"),  # batch 4
+    ("4c03c6a", "c6a8372"),  # batch 5
+    ("17e1ea6", "fef3cdf"),  # batch 6
+    ("b8356a2", "a0a2d1c"),  # batch 7
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--thresholds", default=str(DEFAULT_CALIBRATION.threshold), help="comma-separated")
+    parser.add_argument("--details", action="store_true", help="list every entry not classified correctly")
+    args = parser.parse_args()
+    thresholds = [float(t) for t in args.thresholds.split(",")]
+    totals = {t: collections.Counter[str]() for t in thresholds}
+    for before, after in BATCHES:
+        old = {(c.url, c.excerpt) for c in corpus_at(before)}
+        new = [c for c in corpus_at(after) if (c.url, c.excerpt) not in old]
+        measured = {c.thread for c in new}
+        index = CaseIndex([c for c in corpus_at(before) if c.thread not in measured])
+        for t in thresholds:
+            ix = index.with_calibration(Calibration(DEFAULT_CALIBRATION.temperature, t))
+            for case in new:
+                root = root_error(classify_text(case.excerpt, "<unseen>", index=ix))
+                got = root.root_cause if root is not None and root.root_cause is not RootCause.UNCLASSIFIED else None
+                outcome = "unclassified" if got is None else ("right" if got is case.root_cause else "wrong")
+                totals[t][outcome] += 1
+                if args.details and outcome != "right" and t == thresholds[0]:
+                    code = root.code if root is not None else "-"
+                    print(
+                        f"    {after} {outcome:<12} {case.root_cause.value:>20} -> {got.value if got else '-':<20} "
+                        f"{code} {thread_key(case.url)}"
+                    )
+    print(f"  {'threshold':<10} {'n':>4}  {'correct':>7}  {'wrong':>6}  {'unclass':>7}  cost (3 wrong + unclassified)")
+    for t, c in totals.items():
+        n = max(sum(c.values()), 1)
+        print(
+            f"  {t:<10} {n:>4}  {c['right'] / n:7.1%}  {c['wrong'] / n:6.1%}  {c['unclassified'] / n:7.1%}  "
+            f"{3 * c['wrong'] + c['unclassified']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
