@@ -241,10 +241,10 @@ def serve(
         raise MissingDependency("uvicorn", "serve", "usg serve") from None
     from usg.monitor.addon import serve_addons
     from usg.serve import ServeConfig, create_app, make_tracer_provider
-    from usg.serve.server import UsgServer, check_port, uvicorn_config
+    from usg.serve.server import UsgServer, hold_port, uvicorn_config
     from usg.stream import SessionLimits
 
-    check_port(host, port)  # before loading models: a busy port fails at once
+    listen_on = hold_port(host, port)  # before loading models: a busy port fails at once, and stays ours
     if grpc_port is not None:
         from usg.serve.grpc_server import attach_grpc, check_port_free
 
@@ -291,7 +291,7 @@ def serve(
     # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
     signal.signal(signal.SIGTERM, _ignore_signal)
     signal.signal(signal.SIGINT, _ignore_signal)
-    UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run()
+    UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run(sockets=[listen_on])
 
 
 def _access_log(log_level: str) -> None:

@@ -1,7 +1,8 @@
 """Running the app under uvicorn: a header timeout, the port checked first, a drain on SIGTERM.
 
-* **Port first**: :func:`check_port` binds the address before any model loads, so a busy
-  port fails in a second with the fix instead of after the models loaded.
+* **Port first**: :func:`hold_port` binds the address before any model loads, so a busy
+  port fails in a second with the fix instead of after the models loaded, and keeps it bound
+  until uvicorn listens on that socket, so no process started meanwhile is given the port.
 * **Slow clients**: a connection must deliver a request's complete headers within
   ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
   it is closed; an idle keep-alive connection is closed after ``keepalive_timeout_s``
@@ -29,29 +30,32 @@ from usg.errors import USGError
 from usg.runtime.heap import freeze_startup_heap
 from usg.serve.context import ServeContext
 
-__all__ = ["PortInUse", "UsgServer", "check_port", "uvicorn_config"]
+__all__ = ["PortInUse", "UsgServer", "hold_port", "uvicorn_config"]
 
 
 class PortInUse(USGError):
     """``usg serve --port N`` names a port another process listens on (exit code 1)."""
 
 
-def check_port(host: str, port: int) -> None:
-    """Bind ``host:port`` once (and release it) so a busy port fails before the models load."""
+def hold_port(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` before the models load and keep it bound (not yet listening) until the
+    server listens on this very socket (``UsgServer.run(sockets=[...])``): a busy port fails at once,
+    and nothing started in between — Ray's processes under ``--engine ray`` pick free ports while the
+    models load — can be handed this port by the kernel (automatic port choice skips bound ports)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUse(
-                    f"port {port} on {host} is already in use by another process; "
-                    f"fix: pass a free --port, or stop the process listening there (e.g. `ss -ltnp 'sport = :{port}'`)"
-                ) from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        s.close()
+        if exc.errno == errno.EADDRINUSE:
             raise PortInUse(
-                f"cannot listen on {host}:{port} ({exc.strerror}); fix: pass another --host/--port"
+                f"port {port} on {host} is already in use by another process; "
+                f"fix: pass a free --port, or stop the process listening there (e.g. `ss -ltnp 'sport = :{port}'`)"
             ) from None
+        raise PortInUse(f"cannot listen on {host}:{port} ({exc.strerror}); fix: pass another --host/--port") from None
+    return s
 
 
 class _JoinedWrites:
