@@ -245,53 +245,56 @@ def serve(
     from usg.stream import SessionLimits
 
     listen_on = hold_port(host, port)  # before loading models: a busy port fails at once, and stays ours
-    if grpc_port is not None:
-        from usg.serve.grpc_server import attach_grpc, check_port_free
+    try:
+        if grpc_port is not None:
+            from usg.serve.grpc_server import attach_grpc, check_port_free
 
-        check_port_free(host, grpc_port)
-    graph = load_graph_for_cli(graph_path, quantized=not fp32)
-    if no_cache:
-        graph = graph.without_cache()
-    if index_path:
-        from usg.index.http import search_routes
-    provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
-    config = ServeConfig(
-        max_inflight=max_inflight,
-        max_body_bytes=int(max_body_mb * 2**20) if max_body_mb is not None else None,
-        timeout_s=timeout,
-        body_timeout_s=body_timeout,
-        header_timeout_s=header_timeout,
-        keepalive_timeout_s=keepalive_timeout,
-        api_key=api_key,
-        stream=SessionLimits.from_pairs(stream_limits),
-    )
-    addons = serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching)
-    app = create_app(
-        graph,
-        batching=not no_batching,
-        timeout_s=timeout,
-        cpu_slots=cpu_slots,
-        tracer_provider=provider,
-        config=config,
-        addons=addons,
-        extra_routes=[search_routes(index_path)] if index_path else (),
-    )
-    ctx = app.state.usg
-    if grpc_port is not None:
-        attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)
-    body_mib = ctx.limits.max_body_bytes / 2**20
-    err_console.print(
-        f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
-        + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else "")
-        + " "
-        f"(max in-flight {max_inflight}, body ≤ {body_mib:g} MiB, API key {'required' if api_key else 'off'})[/]"
-    )
-    _access_log(log_level)
-    # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the
-    # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
-    signal.signal(signal.SIGTERM, _ignore_signal)
-    signal.signal(signal.SIGINT, _ignore_signal)
-    UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run(sockets=[listen_on])
+            check_port_free(host, grpc_port)
+        graph = load_graph_for_cli(graph_path, quantized=not fp32)
+        if no_cache:
+            graph = graph.without_cache()
+        if index_path:
+            from usg.index.http import search_routes
+        provider = make_tracer_provider(otel, service_name=f"usg:{graph.name}") if otel else None
+        config = ServeConfig(
+            max_inflight=max_inflight,
+            max_body_bytes=int(max_body_mb * 2**20) if max_body_mb is not None else None,
+            timeout_s=timeout,
+            body_timeout_s=body_timeout,
+            header_timeout_s=header_timeout,
+            keepalive_timeout_s=keepalive_timeout,
+            api_key=api_key,
+            stream=SessionLimits.from_pairs(stream_limits),
+        )
+        addons = serve_addons(graph, reference=reference, trace_file=trace_file, batching=not no_batching)
+        app = create_app(
+            graph,
+            batching=not no_batching,
+            timeout_s=timeout,
+            cpu_slots=cpu_slots,
+            tracer_provider=provider,
+            config=config,
+            addons=addons,
+            extra_routes=[search_routes(index_path)] if index_path else (),
+        )
+        ctx = app.state.usg
+        if grpc_port is not None:
+            attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)
+        body_mib = ctx.limits.max_body_bytes / 2**20
+        err_console.print(
+            f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
+            + (f" and gRPC {host}:{grpc_port}" if grpc_port is not None else "")
+            + " "
+            f"(max in-flight {max_inflight}, body ≤ {body_mib:g} MiB, API key {'required' if api_key else 'off'})[/]"
+        )
+        _access_log(log_level)
+        # uvicorn re-raises the signal that stopped it once its own handlers are gone; with the
+        # default actions that would turn a cleanly drained exit into status -15 (or 130 for Ctrl-C)
+        signal.signal(signal.SIGTERM, _ignore_signal)
+        signal.signal(signal.SIGINT, _ignore_signal)
+        UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run(sockets=[listen_on])
+    finally:
+        listen_on.close()  # a start-up error must not leave the port bound (uvicorn closed it if it ran)
 
 
 def _access_log(log_level: str) -> None:
