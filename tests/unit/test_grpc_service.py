@@ -28,7 +28,7 @@ from usg.errors import InputError  # noqa: E402
 from usg.graph import Graph, GraphBuilder  # noqa: E402
 from usg.serve import ServeContext, create_app  # noqa: E402
 from usg.serve.grpc_codec import parse_infer_request, requested_outputs  # noqa: E402
-from usg.serve.grpc_server import attach_grpc, check_port_free, grpc_serving  # noqa: E402
+from usg.serve.grpc_server import attach_grpc, grpc_serving, hold_grpc_port  # noqa: E402
 from usg.specs import TensorSpec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resources" / "serve"))
@@ -290,19 +290,43 @@ def test_message_above_the_body_limit_is_refused_by_grpc() -> None:
 
 def test_attach_grpc_runs_with_the_app_lifespan_and_busy_ports_are_refused() -> None:
     port = free_port()
+    held = hold_grpc_port("127.0.0.1", port)  # as usg serve, before the models load
+    # held, not released: a plain bind of the port (no SO_REUSEADDR) is refused until grpc listens
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))
     app = create_app(graph())
-    attach_grpc(app, "127.0.0.1", port)
+    attach_grpc(app, "127.0.0.1", port, held=held)
 
     async def scenario() -> None:
         async with app.router.lifespan_context(app):
+            assert held.fileno() == -1  # closed once grpc listened on the port
             with pytest.raises(Exception, match=f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}.*fix"):
-                check_port_free("127.0.0.1", port)
+                hold_grpc_port("127.0.0.1", port)
             async with tga.InferenceServerClient(f"127.0.0.1:{port}") as client:
                 assert await client.is_server_ready()
         assert app.state.usg.state.value == "stopped"
-        check_port_free("127.0.0.1", port)  # released
+        hold_grpc_port("127.0.0.1", port).close()  # released
 
     asyncio.run(scenario())
+
+
+def test_a_held_grpc_port_is_closed_when_grpc_fails_to_start() -> None:
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        held = hold_grpc_port("127.0.0.1", port)  # both bound, neither listening: allowed
+        busy.listen()  # another process listens on it before grpc does: grpc cannot bind
+        app = create_app(graph())
+
+        async def scenario() -> None:
+            async with app.router.lifespan_context(app):
+                with pytest.raises(Exception, match=f"--grpc-port {port}: cannot listen.*fix"):
+                    async with grpc_serving(app.state.usg, "127.0.0.1", port, held=held):
+                        pass
+
+        asyncio.run(scenario())
+        assert held.fileno() == -1
 
 
 @pytest.mark.parametrize(

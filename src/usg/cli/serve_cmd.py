@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from types import FrameType
 
 import click
@@ -245,11 +246,12 @@ def serve(
     from usg.stream import SessionLimits
 
     listen_on = hold_port(host, port)  # before loading models: a busy port fails at once, and stays ours
+    grpc_held: socket.socket | None = None
     try:
         if grpc_port is not None:
-            from usg.serve.grpc_server import attach_grpc, check_port_free
+            from usg.serve.grpc_server import attach_grpc, hold_grpc_port
 
-            check_port_free(host, grpc_port)
+            grpc_held = hold_grpc_port(host, grpc_port)  # the same for gRPC, until grpc listens on it
         graph = load_graph_for_cli(graph_path, quantized=not fp32)
         if no_cache:
             graph = graph.without_cache()
@@ -279,7 +281,7 @@ def serve(
         )
         ctx = app.state.usg
         if grpc_port is not None:
-            attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key)
+            attach_grpc(app, host, grpc_port, api_key=ctx.config.api_key, held=grpc_held)
         body_mib = ctx.limits.max_body_bytes / 2**20
         err_console.print(
             f"[dim]serving graph {graph.name!r} on http://{host}:{port}"
@@ -295,6 +297,8 @@ def serve(
         UsgServer(uvicorn_config(app, ctx, host=host, port=port, log_level=log_level), ctx).run(sockets=[listen_on])
     finally:
         listen_on.close()  # a start-up error must not leave the port bound (uvicorn closed it if it ran)
+        if grpc_held is not None:
+            grpc_held.close()  # idem (closed already once grpc listened)
 
 
 def _access_log(log_level: str) -> None:

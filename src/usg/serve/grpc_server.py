@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from usg.serve.app import ServeContext
 
-__all__ = ["InferenceService", "Unauthenticated", "attach_grpc", "check_port_free", "grpc_serving"]
+__all__ = ["InferenceService", "Unauthenticated", "attach_grpc", "grpc_serving", "hold_grpc_port"]
 
 log = logging.getLogger("usg.serve.grpc")
 
@@ -282,30 +282,44 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a busy ``--grpc-port`` before the models load (grpc would only fail after)."""
+def hold_grpc_port(host: str, port: int) -> socket.socket:
+    """Bind ``--grpc-port`` before the models load and keep it bound (not listening) until grpc
+    listens on it (:func:`grpc_serving` closes it then): a busy port fails at once (grpc would only
+    fail after the models loaded), and nothing started in between — Ray's processes under
+    ``--engine ray`` pick free ports while the models load — is handed this port by the kernel
+    (automatic port choice skips bound ports). Both sockets set SO_REUSEADDR, so grpc may bind beside
+    it while neither listens; a listener elsewhere refuses both."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc: TIME_WAIT is free, a listener is not
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise USGError(
-                f"--grpc-port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
-                "fix: stop the process that uses the port, or pick another --grpc-port"
-            ) from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc: TIME_WAIT is free, a listener is not
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        s.close()
+        raise USGError(
+            f"--grpc-port {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+            "fix: stop the process that uses the port, or pick another --grpc-port"
+        ) from None
+    return s
 
 
 @contextlib.asynccontextmanager
 async def grpc_serving(
-    ctx: ServeContext, host: str, port: int, *, api_key: str | None = None, max_calls: int | None = None
+    ctx: ServeContext,
+    host: str,
+    port: int,
+    *,
+    api_key: str | None = None,
+    max_calls: int | None = None,
+    held: socket.socket | None = None,
 ) -> AsyncIterator[int]:
     """Run the service on ``host:port`` (on the running event loop) while inside; yields the bound port.
 
     Messages are limited to the body limit (``ctx.config.max_body_bytes``), and calls open at
     once to ``max_calls`` (default twice ``--max-inflight`` plus 16; grpc refuses more with
     RESOURCE_EXHAUSTED before reading their message), so received messages are bounded by
-    their product. On exit the context drains (new calls: UNAVAILABLE) until no request is in
+    their product. ``held`` (from :func:`hold_grpc_port`) is closed once grpc listens, or on a
+    failure to start. On exit the context drains (new calls: UNAVAILABLE) until no request is in
     flight, then the server stops.
     """
     server = grpc.aio.server(
@@ -319,12 +333,16 @@ async def grpc_serving(
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(ctx, api_key=api_key), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise USGError(
-            f"--grpc-port {port}: cannot listen on {address} ({exc}); fix: pick another --grpc-port"
-        ) from None
-    await server.start()
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise USGError(
+                f"--grpc-port {port}: cannot listen on {address} ({exc}); fix: pick another --grpc-port"
+            ) from None
+        await server.start()
+    finally:
+        if held is not None:
+            held.close()  # grpc listens on the port now (or failed to): ours is no longer needed
     log.info("gRPC %s on %s", _SERVICE, address)
     try:
         yield bound
@@ -336,15 +354,18 @@ async def grpc_serving(
         await server.stop(grace=1.0)  # sends the last replies; open streams end
 
 
-def attach_grpc(app: Starlette, host: str, port: int, *, api_key: str | None = None) -> None:
+def attach_grpc(
+    app: Starlette, host: str, port: int, *, api_key: str | None = None, held: socket.socket | None = None
+) -> None:
     """Serve gRPC beside an app of :func:`~usg.serve.create_app` (same context and event loop):
-    it starts after the models have loaded and stops, drained, before the executor closes."""
+    it starts after the models have loaded and stops, drained, before the executor closes.
+    ``held``: the port's socket from :func:`hold_grpc_port`, closed once grpc listens."""
     ctx = app.state.usg
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(a: Starlette) -> AsyncIterator[None]:
-        async with inner(a), grpc_serving(ctx, host, port, api_key=api_key):
+        async with inner(a), grpc_serving(ctx, host, port, api_key=api_key, held=held):
             yield
 
     app.router.lifespan_context = lifespan
