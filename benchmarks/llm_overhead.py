@@ -32,6 +32,16 @@ threads show how many of them compute). The summary divides each placement's USG
 by its own direct rate and by the best direct rate of the run's placements: the engine
 configuration a deployment would pick.
 
+Proxy CPU policies (``--proxy-policy normal,batch,nice19``; ``llm_placement.PROXY_POLICIES``): each
+policy gets its own ``usg serve`` and bare proxy, every thread of both put under it right after they
+start (``SCHED_BATCH``: a woken thread does not preempt the running one; nice 10 / 19; ``SCHED_IDLE``),
+all against the same engine, in the same palindromic rounds (direct, then each policy's USG and bare
+sides, then back); the policy of every proxy thread is read back after the warm-up and after the
+rounds. Per side it prints the engine threads' nonvoluntary context switches a question, the
+engine's CPU a question, and each proxy's wake-ups (voluntary switches) and wait for a core a
+question (``schedstat``): the test of whether a proxy's wake-ups preempting the engine's OpenMP
+threads is what costs throughput. The default, ``normal``, is the measurement of the sessions before.
+
 Prints p50s, USG's added milliseconds (targets: ≤ 3 ms p50 on latency and on time to first
 token), the ``usg serve`` process's CPU time per question, and the throughput ratios (target
 ≥ 0.95×). Greedy decoding: both paths generate the
@@ -44,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,15 +72,20 @@ from harness import start_server  # noqa: E402
 from llm_engine import build_tiny_llama, start_engine  # noqa: E402
 from llm_placement import (  # noqa: E402
     PLACEMENTS,
+    PROXY_POLICIES,
     busy_threads,
     check_engine_env,
     check_pinning,
     core_ticks,
     cpu_list,
     cpu_s,
+    ctxt_switches,
     engine_env,
     fmt_cpus,
     pin_threads,
+    read_proxy_policy,
+    run_delay_s,
+    set_proxy_policy,
     spawning_on,
     thread_cpu_s,
 )
@@ -144,17 +160,22 @@ def _usg(client: httpx.Client, url: str, question: str, stream: bool) -> tuple[f
     return end - t0, (first or end) - t0
 
 
-def _alternate(n: int, direct: Any, usg: Any) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    d: list[tuple[float, float]] = []
-    u: list[tuple[float, float]] = []
-    for i in range(n):  # alternate the order so drift hits both sides alike
-        if i % 2:
-            d.append(direct())
-            u.append(usg())
-        else:
-            u.append(usg())
-            d.append(direct())
-    return d, u
+def _alternate(n: int, sides: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    """``n`` questions a side, one at a time; the order of the sides rotates (and turns around every
+    other question) so drift hits every side alike."""
+    names = list(sides)
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for i in range(n):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in reversed(order) if i % 2 else order:
+            out[name].append(sides[name]())
+    return out
+
+
+def side(kind: str, policy: str) -> str:
+    """The name of the ``usg`` or ``bare`` side run under CPU policy ``policy`` (``normal``: the plain
+    name, as before policies)."""
+    return kind if policy == "normal" else f"{kind}:{policy}"
 
 
 async def _throughput(clients: int, per_client: int, send: Any) -> tuple[int, float]:
@@ -207,7 +228,9 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
     tmp.mkdir()
     if pl.pinned:
         pin_threads(os.getpid(), proxy_cpus)  # the clients (and whatever this process spawns next)
-    engine = usg_server = bare = None
+    policies = args.proxy_policy
+    engine = None
+    servers: dict[str, ServerProcess] = {}  # side → process (usg serve, bare proxy), per CPU policy
     try:
         with spawning_on(engine_cpus if pl.pinned else None):
             engine = start_engine(model_dir, tmp / "engine.log", threads=threads, env=extra_env)
@@ -215,45 +238,61 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         model = httpx.get(f"{eurl}/v1/models").json()["data"][0]["id"]
         graph = tmp / "graph.yaml"
         graph.write_text(GRAPH.format(url=eurl, model=model, max_tokens=args.max_tokens, inflight=args.clients))
-        usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
-        uurl = usg_server.url
-        bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / "bare.log")
-        burl = f"http://127.0.0.1:{bare.port}"
-        pids = {"usg": usg_server.proc.pid, "bare": bare.proc.pid}
+        urls: dict[str, str] = {}
+        for policy in policies:
+            u, b = side("usg", policy), side("bare", policy)
+            usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
+            servers[u], urls[u] = usg_server, usg_server.url
+            bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / f"bare-{policy}.log")
+            servers[b], urls[b] = bare, f"http://127.0.0.1:{bare.port}"
+            for proc in (usg_server, bare):  # before any question: threads started later inherit it
+                set_proxy_policy(proc.proc.pid, policy)
+        usg_sides = [side("usg", policy) for policy in policies]
+        pids = {name: proc.proc.pid for name, proc in servers.items()}
         epid = engine.proc.pid
-        procs = {"engine": epid, "usg serve": pids["usg"], "bare proxy": pids["bare"]}
-        procs["clients"] = os.getpid()
-        expected = {"engine": engine_cpus, "usg serve": proxy_cpus, "bare proxy": proxy_cpus, "clients": proxy_cpus}
+        procs = {"engine": epid, **{name: pid for name, pid in pids.items()}, "clients": os.getpid()}
+        expected = {name: proxy_cpus for name in procs}
+        expected["engine"] = engine_cpus
         plain, streamed = (_direct_body(model, args.max_tokens, QUESTION, s) for s in (False, True))
         with httpx.Client(timeout=300) as client:
-            for _ in range(3):  # warm both paths (first generation, connections)
+            for _ in range(3):  # warm every path (first generation, connections)
                 _direct(client, eurl, plain)
                 _direct(client, eurl, streamed)
-                _usg(client, uurl, QUESTION, stream=False)
-                _usg(client, uurl, QUESTION, stream=True)
-                client.post(f"{burl}/v1/infer", json={"inputs": {"question": QUESTION}}).raise_for_status()
+                for policy in policies:
+                    _usg(client, urls[side("usg", policy)], QUESTION, stream=False)
+                    _usg(client, urls[side("usg", policy)], QUESTION, stream=True)
+                    burl = urls[side("bare", policy)]
+                    client.post(f"{burl}/v1/infer", json={"inputs": {"question": QUESTION}}).raise_for_status()
             pinning = [check_engine_env(epid, omp)]
             pinning += check_pinning("after warm-up", procs, expected)
+            pinning += check_policies(policies, pids)
             print(f"latency: {args.requests} text-only questions per side, alternating ...", flush=True)
-            cpu0 = cpu_s(usg_server.proc.pid)
-            d_lat, u_lat = _alternate(
-                args.requests, lambda: _direct(client, eurl, plain), lambda: _usg(client, uurl, QUESTION, False)
+            cpu0 = {u: cpu_s(pids[u]) for u in usg_sides}
+            lat = _alternate(
+                args.requests,
+                {
+                    "direct": lambda: _direct(client, eurl, plain),
+                    **{u: (lambda u=u: _usg(client, urls[u], QUESTION, False)) for u in usg_sides},
+                },
             )
-            usg_cpu_ms = (cpu_s(usg_server.proc.pid) - cpu0) / args.requests * 1e3
+            usg_cpu_ms = {u: (cpu_s(pids[u]) - cpu0[u]) / args.requests * 1e3 for u in usg_sides}
             print(f"time to first token: {args.requests} streamed questions per side ...", flush=True)
-            cpu0 = cpu_s(usg_server.proc.pid)
-            d_tt, u_tt = _alternate(
-                args.requests, lambda: _direct(client, eurl, streamed), lambda: _usg(client, uurl, QUESTION, True)
+            cpu0 = {u: cpu_s(pids[u]) for u in usg_sides}
+            tt = _alternate(
+                args.requests,
+                {
+                    "direct": lambda: _direct(client, eurl, streamed),
+                    **{u: (lambda u=u: _usg(client, urls[u], QUESTION, True)) for u in usg_sides},
+                },
             )
-            usg_cpu_stream_ms = (cpu_s(usg_server.proc.pid) - cpu0) / args.requests * 1e3
+            usg_cpu_stream_ms = {u: (cpu_s(pids[u]) - cpu0[u]) / args.requests * 1e3 for u in usg_sides}
 
-        def sender(side: str, stream: bool) -> Any:
+        def sender(name: str, stream: bool) -> Any:
             async def send(client: httpx.AsyncClient, q: str) -> None:
-                if side == "direct":
+                if name == "direct":
                     url, body = f"{eurl}/v1/chat/completions", _direct_body(model, args.max_tokens, q, stream)
                 else:
-                    base = uurl if side == "usg" else burl
-                    url, body = f"{base}/v1/infer", {"inputs": {"question": q}, "stream": stream}
+                    url, body = f"{urls[name]}/v1/infer", {"inputs": {"question": q}, "stream": stream}
                 async with client.stream("POST", url, json=body) as r:
                     r.raise_for_status()
                     async for _ in r.aiter_bytes():
@@ -267,44 +306,66 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         busy: dict[bool, dict[str, dict[int, float]]] = {}
         engine_cpu: dict[bool, dict[str, float]] = {}  # the engine's CPU ms a question, per side
         engine_threads: dict[bool, dict[str, list[float]]] = {}  # each engine thread's share of a core
+        # per side, per question: the engine threads' nonvoluntary switches, the proxy's voluntary and
+        # nonvoluntary switches and its wait for a core (ms)
+        switches: dict[bool, dict[str, dict[str, float]]] = {}
         for stream in (False, True):
-            order = ("direct", "usg", "usg", "direct") if stream else ("direct", "usg", "bare", "bare", "usg", "direct")
+            kinds = ("usg",) if stream else ("usg", "bare")
+            ahead = [side(kind, policy) for policy in policies for kind in kinds]
+            order = ("direct", *ahead, *reversed(ahead), "direct")
             print(
                 f"throughput{' (streamed)' if stream else ''}: {args.clients} concurrent clients x "
                 f"{args.per_client} questions per side and round, 2 rounds ({', '.join(order)}) ...",
                 flush=True,
             )
-            totals = {side: [0, 0.0, 0.0, 0.0] for side in order}
-            ticks: dict[str, dict[int, list[int]]] = {side: {} for side in order}
-            per_thread: dict[str, dict[int, float]] = {side: {} for side in order}
-            for side in order:
-                cpu0 = cpu_s(pids[side]) if side in pids else 0.0
+            totals = {name: [0, 0.0, 0.0, 0.0] for name in order}
+            ticks: dict[str, dict[int, list[int]]] = {name: {} for name in order}
+            per_thread: dict[str, dict[int, float]] = {name: {} for name in order}
+            sw = {
+                name: {"engine_nvcsw": 0.0, "proxy_vcsw": 0.0, "proxy_nvcsw": 0.0, "proxy_wait": 0.0} for name in order
+            }
+            for name in order:
+                cpu0 = cpu_s(pids[name]) if name in pids else 0.0
                 me0, core0, eng0 = cpu_s(os.getpid()), core_ticks(), thread_cpu_s(epid)
-                done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(side, stream)))
-                core1, eng1 = core_ticks(), thread_cpu_s(epid)
-                print(f"  {side}: {done} questions in {secs:.2f} s, {done / secs:.1f} req/s", flush=True)
-                totals[side][0] += done
-                totals[side][1] += secs
-                totals[side][2] += cpu_s(pids[side]) - cpu0 if side in pids else 0.0
-                totals[side][3] += cpu_s(os.getpid()) - me0
+                ecs0 = ctxt_switches(epid)
+                pcs0 = ctxt_switches(pids[name]) if name in pids else {}
+                wait0 = run_delay_s(pids[name]) if name in pids else 0.0
+                done, secs = asyncio.run(_throughput(args.clients, args.per_client, sender(name, stream)))
+                core1, eng1, ecs1 = core_ticks(), thread_cpu_s(epid), ctxt_switches(epid)
+                if name in pids:
+                    pcs1 = ctxt_switches(pids[name])
+                    sw[name]["proxy_vcsw"] += sum(v[0] - pcs0.get(t, (0, 0))[0] for t, v in pcs1.items())
+                    sw[name]["proxy_nvcsw"] += sum(v[1] - pcs0.get(t, (0, 0))[1] for t, v in pcs1.items())
+                    sw[name]["proxy_wait"] += run_delay_s(pids[name]) - wait0
+                sw[name]["engine_nvcsw"] += sum(v[1] - ecs0.get(t, (0, 0))[1] for t, v in ecs1.items())
+                print(f"  {name}: {done} questions in {secs:.2f} s, {done / secs:.1f} req/s", flush=True)
+                totals[name][0] += done
+                totals[name][1] += secs
+                totals[name][2] += cpu_s(pids[name]) - cpu0 if name in pids else 0.0
+                totals[name][3] += cpu_s(os.getpid()) - me0
                 for c, (b1, t1) in core1.items():
-                    acc = ticks[side].setdefault(c, [0, 0])
+                    acc = ticks[name].setdefault(c, [0, 0])
                     acc[0] += b1 - core0[c][0]
                     acc[1] += t1 - core0[c][1]
                 for tid, t1 in eng1.items():
-                    per_thread[side][tid] = per_thread[side].get(tid, 0.0) + t1 - eng0.get(tid, 0.0)
-            rps[stream] = {side: done / secs for side, (done, secs, _, _) in totals.items()}
+                    per_thread[name][tid] = per_thread[name].get(tid, 0.0) + t1 - eng0.get(tid, 0.0)
+            rps[stream] = {name: done / secs for name, (done, secs, _, _) in totals.items()}
+            switches[stream] = {
+                name: {k: (v * 1e3 if k == "proxy_wait" else v) / totals[name][0] for k, v in d.items()}
+                for name, d in sw.items()
+            }
             if not stream:
-                load_cpu = {side: cpu / done * 1e3 for side, (done, _, cpu, _) in totals.items() if side in pids}
-                client_cpu = {side: me / done * 1e3 for side, (done, _, _, me) in totals.items()}
-            busy[stream] = {side: {c: b / max(t, 1) for c, (b, t) in cores.items()} for side, cores in ticks.items()}
-            engine_cpu[stream] = {side: sum(per_thread[side].values()) / totals[side][0] * 1e3 for side in per_thread}
-            engine_threads[stream] = {side: busy_threads({}, per_thread[side], totals[side][1]) for side in per_thread}
+                load_cpu = {name: cpu / done * 1e3 for name, (done, _, cpu, _) in totals.items() if name in pids}
+                client_cpu = {name: me / done * 1e3 for name, (done, _, _, me) in totals.items()}
+            busy[stream] = {name: {c: b / max(t, 1) for c, (b, t) in cores.items()} for name, cores in ticks.items()}
+            engine_cpu[stream] = {name: sum(per_thread[name].values()) / totals[name][0] * 1e3 for name in per_thread}
+            engine_threads[stream] = {name: busy_threads({}, per_thread[name], totals[name][1]) for name in per_thread}
         pinning += check_pinning("after the rounds", procs, expected)
-        n = int(totals["usg"][0])
+        pinning += check_policies(policies, pids)
+        n = int(totals[usg_sides[0]][0])
         n_engine_threads = len(thread_cpu_s(epid))
     finally:
-        for proc in (usg_server, bare, engine):
+        for proc in (*servers.values(), engine):
             if proc is not None:
                 proc.stop()
         if pl.pinned:
@@ -312,14 +373,13 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
 
     return {
         "placement": placement,
+        "policies": policies,
         "engine_cpus": engine_cpus,
         "proxy_cpus": proxy_cpus,
         "omp": omp,
         "n": n,
-        "d_lat": d_lat,
-        "u_lat": u_lat,
-        "d_tt": d_tt,
-        "u_tt": u_tt,
+        "lat": lat,
+        "tt": tt,
         "usg_cpu_ms": usg_cpu_ms,
         "usg_cpu_stream_ms": usg_cpu_stream_ms,
         "rps": rps,
@@ -329,18 +389,40 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         "engine_cpu": engine_cpu,
         "engine_threads": engine_threads,
         "n_engine_threads": n_engine_threads,
+        "switches": switches,
         "pinning": pinning,
     }
 
 
-def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
-    """Print one placement's table; return its headline figures."""
-    d_lat, u_lat, d_tt, u_tt, rps, load_cpu = (r[k] for k in ("d_lat", "u_lat", "d_tt", "u_tt", "rps", "load_cpu"))
-    lat_d, lat_u = _p50_ms([t for t, _ in d_lat]), _p50_ms([t for t, _ in u_lat])
-    tt_d, tt_u = _p50_ms([f for _, f in d_tt]), _p50_ms([f for _, f in u_tt])
-    paired = statistics.median([(u[0] - d[0]) * 1e3 for d, u in zip(d_lat, u_lat, strict=True)])
-    paired_tt = statistics.median([(u[1] - d[1]) * 1e3 for d, u in zip(d_tt, u_tt, strict=True)])
-    own = _p50_ms([o for _, o in u_lat])
+def check_policies(policies: list[str], pids: dict[str, int]) -> list[str]:
+    """Read back the scheduling policy and nice of every thread of every proxy process; one line
+    each; exit if one is not its side's CPU policy."""
+    lines, wrong = [], []
+    for policy in policies:
+        want_policy, want_nice = PROXY_POLICIES[policy]
+        for kind in ("usg", "bare"):
+            name = side(kind, policy)
+            got = read_proxy_policy(pids[name])
+            seen = sorted({f"{pol} nice {nice}" for pol, nice in got})
+            ok = all(pol == want_policy and nice == want_nice for pol, nice in got)
+            lines.append(
+                f"  {name:<16} pid {pids[name]:>7}  {len(got):>3} threads  {' | '.join(seen)}  "
+                f"(expected {want_policy} nice {want_nice}) {'ok' if ok else 'WRONG'}"
+            )
+            if not ok:
+                wrong.append(name)
+    print("\n".join(lines), flush=True)
+    if wrong:
+        raise SystemExit(f"the CPU policy did not hold for {', '.join(wrong)}: see the lines above")
+    return lines
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Print one placement's table (a column per CPU policy of the proxies); return its headline
+    figures per policy."""
+    rps, load_cpu, policies = r["rps"], r["load_cpu"], r["policies"]
+    d_lat, d_tt = r["lat"]["direct"], r["tt"]["direct"]
+    lat_d, tt_d = _p50_ms([t for t, _ in d_lat]), _p50_ms([f for _, f in d_tt])
     print()
     omp = "  ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in r["omp"].items())
     if r["placement"] == "split":
@@ -353,76 +435,122 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
             f"== placement {r['placement']}: no pinning (engine, usg serve, bare proxy and clients share every "
             f"core); engine {omp} =="
         )
-    print(f"{'measure':<38}{'direct':>10}{'via USG':>10}{'added':>10}{'target':>10}")
+    print(f"p50 latency, text-only question: direct {lat_d:.1f} ms; p50 time to first token: direct {tt_d:.1f} ms")
+    print(f"{'proxy CPU policy (--proxy-policy)':<44}" + "".join(f"{p:>12}" for p in policies) + "  target")
+    heads: dict[str, dict[str, float]] = {}
+
+    def row(label: str, cells: list[str], target: str = "") -> None:
+        print(f"{label:<44}" + "".join(f"{c:>12}" for c in cells) + (f"  {target}" if target else ""))
+
+    per: dict[str, dict[str, float]] = {}
+    for policy in policies:
+        u, b = side("usg", policy), side("bare", policy)
+        u_lat, u_tt = r["lat"][u], r["tt"][u]
+        lat_u, tt_u = _p50_ms([t for t, _ in u_lat]), _p50_ms([f for _, f in u_tt])
+        sw, sws = r["switches"][False], r["switches"][True]
+        per[policy] = {
+            "lat_u": lat_u,
+            "lat": lat_u - lat_d,
+            "ttft": tt_u - tt_d,
+            "paired": statistics.median([(x[0] - d[0]) * 1e3 for d, x in zip(d_lat, u_lat, strict=True)]),
+            "paired_tt": statistics.median([(x[1] - d[1]) * 1e3 for d, x in zip(d_tt, u_tt, strict=True)]),
+            "own": _p50_ms([o for _, o in u_lat]),
+            "cpu_seq": r["usg_cpu_ms"][u],
+            "cpu_seq_stream": r["usg_cpu_stream_ms"][u],
+            "usg_rps": rps[False][u],
+            "bare_rps": rps[False][b],
+            "usg_streamed_rps": rps[True][u],
+            "usg": rps[False][u] / rps[False]["direct"],
+            "bare": rps[False][b] / rps[False]["direct"],
+            "usg_bare": rps[False][u] / rps[False][b],
+            "streamed": rps[True][u] / rps[True]["direct"],
+            "cpu": load_cpu[u],
+            "cpu_bare": load_cpu[b],
+            "engine_cpu_usg": r["engine_cpu"][False][u],
+            "engine_cpu_bare": r["engine_cpu"][False][b],
+            "engine_nv_usg": sw[u]["engine_nvcsw"],
+            "engine_nv_bare": sw[b]["engine_nvcsw"],
+            "engine_nv_streamed": sws[u]["engine_nvcsw"],
+            "proxy_v_usg": sw[u]["proxy_vcsw"],
+            "proxy_nv_usg": sw[u]["proxy_nvcsw"],
+            "proxy_wait_usg": sw[u]["proxy_wait"],
+            "proxy_v_bare": sw[b]["proxy_vcsw"],
+            "proxy_wait_bare": sw[b]["proxy_wait"],
+            "proxy_wait_streamed": sws[u]["proxy_wait"],
+        }
+    ps = [per[p] for p in policies]
+    row("p50 latency via USG (ms)", [f"{x['lat_u']:.1f}" for x in ps])
+    row("  USG adds (p50 - direct p50, ms)", [f"{x['lat']:+.1f}" for x in ps], "<= 3")
+    row("  median paired difference (ms)", [f"{x['paired']:+.1f}" for x in ps])
+    row("p50 TTFT added (ms)", [f"{x['ttft']:+.1f}" for x in ps], "<= 3")
+    row("  median paired difference (ms)", [f"{x['paired_tt']:+.1f}" for x in ps])
+    row("p50 USG time outside the engine call (ms)", [f"{x['own']:.1f}" for x in ps], "<= 3")
+    row("usg serve CPU a sequential question (ms)", [f"{x['cpu_seq']:.2f}" for x in ps])
+    row("  a streamed one (ms)", [f"{x['cpu_seq_stream']:.2f}" for x in ps])
+    direct_rps, direct_s = rps[False]["direct"], rps[True]["direct"]
+    print(f"throughput, {args.clients} clients: direct {direct_rps:.2f} req/s plain, {direct_s:.2f} streamed")
+    row("  USG (req/s)", [f"{x['usg_rps']:.2f}" for x in ps])
+    row("  USG / direct", [f"{x['usg']:.3f}x" for x in ps], ">= 0.95x")
+    row("  bare proxy / direct (floor)", [f"{x['bare']:.3f}x" for x in ps])
+    row("  USG / bare proxy", [f"{x['usg_bare']:.3f}x" for x in ps])
+    row("  streamed USG / direct", [f"{x['streamed']:.3f}x" for x in ps], ">= 0.95x")
+    row("CPU a question under load, USG (ms)", [f"{x['cpu']:.2f}" for x in ps])
+    row("  bare proxy (ms)", [f"{x['cpu_bare']:.2f}" for x in ps])
+    ec, sw = r["engine_cpu"][False], r["switches"][False]
     print(
-        f"{'p50 latency, text-only question (ms)':<38}{lat_d:>10.1f}{lat_u:>10.1f}{lat_u - lat_d:>+10.1f}{'<= 3':>10}"
+        f"engine CPU a question (ms): direct {ec['direct']:.2f}; engine threads' nonvoluntary switches a question: "
+        f"direct {sw['direct']['engine_nvcsw']:.2f} plain, {r['switches'][True]['direct']['engine_nvcsw']:.2f} streamed"
     )
-    print(f"{'p50 time to first token (ms)':<38}{tt_d:>10.1f}{tt_u:>10.1f}{tt_u - tt_d:>+10.1f}{'<= 3':>10}")
-    print(f"{'median paired difference, latency (ms)':<38}{'':>10}{'':>10}{paired:>+10.1f}")
-    print(f"{'median paired difference, TTFT (ms)':<38}{'':>10}{'':>10}{paired_tt:>+10.1f}")
-    print(f"{'p50 USG time outside the engine call':<38}{'':>10}{'':>10}{own:>+10.1f}{'<= 3':>10}")
-    print(f"{'usg serve CPU per question (ms)':<38}{'':>10}{r['usg_cpu_ms']:>10.2f}")
-    print(f"{'usg serve CPU per streamed question':<38}{'':>10}{r['usg_cpu_stream_ms']:>10.2f}")
-    for stream, label in ((False, f"throughput, {args.clients} clients"), (True, "  the same, streamed")):
-        direct_rps, usg_rps = rps[stream]["direct"], rps[stream]["usg"]
-        print(
-            f"{label + ' (req/s)':<38}{direct_rps:>10.2f}{usg_rps:>10.2f}{usg_rps / direct_rps:>9.3f}x{'>= 0.95x':>10}"
-        )
-    bare_rps = rps[False]["bare"]
-    print(f"{'  a bare proxy instead of USG (req/s)':<38}{rps[False]['direct']:>10.2f}{bare_rps:>10.2f}", end="")
-    print(f"{bare_rps / rps[False]['direct']:>9.3f}x   (floor)")
-    print(f"{'  USG / the bare proxy':<38}{'':>20}{rps[False]['usg'] / bare_rps:>9.3f}x")
-    print(f"{'CPU per question under load, USG/bare':<38}{load_cpu['usg']:>10.2f}{load_cpu['bare']:>10.2f}{'ms':>10}")
+    row("  engine CPU a question, USG rounds (ms)", [f"{x['engine_cpu_usg']:.2f}" for x in ps])
+    row("  the same, bare rounds (ms)", [f"{x['engine_cpu_bare']:.2f}" for x in ps])
+    row("  engine nonvol. switches a q., USG", [f"{x['engine_nv_usg']:.2f}" for x in ps])
+    row("  the same, bare", [f"{x['engine_nv_bare']:.2f}" for x in ps])
+    row("  the same, streamed USG", [f"{x['engine_nv_streamed']:.2f}" for x in ps])
+    row("usg serve wake-ups (vol. switches) a q.", [f"{x['proxy_v_usg']:.2f}" for x in ps])
+    row("  its nonvoluntary switches a q.", [f"{x['proxy_nv_usg']:.2f}" for x in ps])
+    row("  its wait for a core a q. (ms)", [f"{x['proxy_wait_usg']:.3f}" for x in ps])
+    row("  the same, streamed (ms)", [f"{x['proxy_wait_streamed']:.3f}" for x in ps])
+    row("bare proxy wake-ups a q.", [f"{x['proxy_v_bare']:.2f}" for x in ps])
+    row("  its wait for a core a q. (ms)", [f"{x['proxy_wait_bare']:.3f}" for x in ps])
     cc = r["client_cpu"]
-    print(
-        f"{'clients CPU per question, direct/USG/bare':<38}{cc['direct']:>10.2f}{cc['usg']:>10.2f}{cc['bare']:>10.2f}"
-        f"{'ms':>10}"
-    )
-    ec = r["engine_cpu"][False]
-    print(
-        f"{'engine CPU per question, direct/USG/bare':<38}{ec['direct']:>10.2f}{ec['usg']:>10.2f}{ec['bare']:>10.2f}"
-        f"{'ms':>10}"
-    )
+    print("clients CPU per question (ms): " + "  ".join(f"{k} {v:.2f}" for k, v in cc.items()))
     shared = r["placement"] != "split"
     roles = {c: "engine+proxy" if shared else "engine" for c in r["engine_cpus"]}
     if not shared:
         roles.update({c: "proxy" for c in r["proxy_cpus"]})
     cores = "  ".join(f"cpu{c} ({role})" for c, role in sorted(roles.items()))
     print(f"core utilisation over the rounds: {cores}")
-    for stream, side in ((False, "direct"), (False, "usg"), (False, "bare"), (True, "direct"), (True, "usg")):
-        util = "  ".join(f"{r['busy'][stream][side].get(c, 0.0) * 100:5.1f}%" for c in sorted(roles))
-        print(f"  {side + (' streamed' if stream else ''):<16}{util}")
+    for stream in (False, True):
+        for name in r["busy"][stream]:
+            util = "  ".join(f"{r['busy'][stream][name].get(c, 0.0) * 100:5.1f}%" for c in sorted(roles))
+            print(f"  {name + (' streamed' if stream else ''):<22}{util}")
     print(
         f"engine threads ({r['n_engine_threads']} in the process), each one's share of a core over the rounds "
         "(those above 1%; /proc/PID/task/*/schedstat):"
     )
-    for stream, side in ((False, "direct"), (False, "usg"), (False, "bare"), (True, "direct"), (True, "usg")):
-        shares = [f"{x * 100:5.1f}%" for x in r["engine_threads"][stream][side] if x > 0.01]
-        print(f"  {side + (' streamed' if stream else ''):<16}{'  '.join(shares)}")
+    for stream in (False, True):
+        for name in r["engine_threads"][stream]:
+            shares = [f"{x * 100:5.1f}%" for x in r["engine_threads"][stream][name] if x > 0.01]
+            print(f"  {name + (' streamed' if stream else ''):<22}{'  '.join(shares)}")
     print(f"({r['n']} questions per side; max_tokens {args.max_tokens}; engine: transformers serve, CPU, {omp})")
-    return {
-        "direct": rps[False]["direct"],
-        "direct_streamed": rps[True]["direct"],
-        "usg_rps": rps[False]["usg"],
-        "bare_rps": bare_rps,
-        "usg_streamed_rps": rps[True]["usg"],
-        "usg": rps[False]["usg"] / rps[False]["direct"],
-        "bare": bare_rps / rps[False]["direct"],
-        "usg_bare": rps[False]["usg"] / bare_rps,
-        "streamed": rps[True]["usg"] / rps[True]["direct"],
-        "lat": lat_u - lat_d,
-        "ttft": tt_u - tt_d,
-        "cpu": load_cpu["usg"],
-        "cpu_bare": load_cpu["bare"],
-        "engine_cpu": ec["direct"],
-        "engine_threads": sum(x > 0.10 for x in r["engine_threads"][False]["direct"]),
-        "proxy_busy": sum(r["busy"][False]["usg"].get(c, 0.0) for c in r["proxy_cpus"]) / len(r["proxy_cpus"]),
-    }
+    for policy, x in per.items():
+        u = side("usg", policy)
+        heads[policy] = {
+            **x,
+            "direct": direct_rps,
+            "direct_streamed": direct_s,
+            "engine_cpu": ec["direct"],
+            "engine_nv_direct": sw["direct"]["engine_nvcsw"],
+            "engine_threads": sum(t > 0.10 for t in r["engine_threads"][False]["direct"]),
+            "proxy_busy": sum(r["busy"][False][u].get(c, 0.0) for c in r["proxy_cpus"]) / len(r["proxy_cpus"]),
+        }
+    return heads
 
 
 def print_summary(summary: list[tuple[str, dict[str, float]]]) -> None:
-    """One row per placement, its ratios against its own direct calls and against the best direct
-    calls of the run (the engine configuration a deployment would pick: the honest baseline)."""
+    """One row per placement (and proxy CPU policy), its ratios against its own direct calls and
+    against the best direct calls of the run (the engine configuration a deployment would pick: the
+    honest baseline)."""
     best = max(summary, key=lambda ps: ps[1]["direct"])
     best_s = max(summary, key=lambda ps: ps[1]["direct_streamed"])
     b, bs = best[1]["direct"], best_s[1]["direct_streamed"]
@@ -432,27 +560,35 @@ def print_summary(summary: list[tuple[str, dict[str, float]]]) -> None:
         "'/best' = this placement's USG (or bare) rate / that"
     )
     print(
-        f"{'placement':<15}{'direct':>8}{'streamed':>9}{'USG/direct':>11}{'USG/best':>9}{'bare/direct':>12}"
+        f"{'placement/policy':<24}{'direct':>8}{'streamed':>9}{'USG/direct':>11}{'USG/best':>9}{'bare/direct':>12}"
         f"{'bare/best':>10}{'USG/bare':>9}{'str./direct':>12}{'str./best':>10}{'p50 added':>10}{'TTFT added':>11}"
     )
-    for placement, s in summary:
+    for name, s in summary:
         print(
-            f"{placement:<15}{s['direct']:>8.2f}{s['direct_streamed']:>9.2f}{s['usg']:>10.3f}x"
+            f"{name:<24}{s['direct']:>8.2f}{s['direct_streamed']:>9.2f}{s['usg']:>10.3f}x"
             f"{s['usg_rps'] / b:>8.3f}x{s['bare']:>11.3f}x{s['bare_rps'] / b:>9.3f}x{s['usg_bare']:>8.3f}x"
             f"{s['streamed']:>11.3f}x{s['usg_streamed_rps'] / bs:>9.3f}x{s['lat']:>+10.1f}{s['ttft']:>+11.1f}"
         )
     print(
-        f"{'placement':<15}{'CPU/question USG/bare':>22}{'engine CPU/question direct':>28}"
-        f"{'engine threads >10% (direct)':>30}{'proxy cores':>12}"
+        f"{'placement/policy':<24}{'CPU/question USG/bare':>22}{'engine CPU/q direct/USG':>25}"
+        f"{'engine nvcsw/q direct/USG/bare':>32}{'engine threads >10%':>21}{'proxy cores':>12}"
     )
-    for placement, s in summary:
+    for name, s in summary:
         print(
-            f"{placement:<15}{s['cpu']:>16.2f}/{s['cpu_bare']:.2f}{s['engine_cpu']:>25.2f} ms"
-            f"{s['engine_threads']:>30}{s['proxy_busy'] * 100:>11.0f}%"
+            f"{name:<24}{s['cpu']:>16.2f}/{s['cpu_bare']:.2f}{s['engine_cpu']:>15.2f}/{s['engine_cpu_usg']:.2f} ms"
+            f"{s['engine_nv_direct']:>19.2f}/{s['engine_nv_usg']:.2f}/{s['engine_nv_bare']:.2f}"
+            f"{s['engine_threads']:>21}{s['proxy_busy'] * 100:>11.0f}%"
         )
 
 
+def _exit_on_sigterm(sig: int, frame: Any) -> None:
+    raise SystemExit(128 + sig)  # unwinds through run_placement's finally: the engine and servers stop too
+
+
 def main() -> None:
+    # `timeout 600 python benchmarks/llm_overhead.py` signals this process only; without this its children
+    # (the engine, usg serve, the bare proxies) were left running, idle, into the next measurement
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=40, help="sequential questions per side (latency, TTFT)")
     ap.add_argument("--clients", type=int, default=32)
@@ -480,7 +616,26 @@ def main() -> None:
         help="the engine's cores in the split placement, e.g. 1 or 2-3 (default: the upper half of this "
         "process's cores)",
     )
+    ap.add_argument(
+        "--proxy-policy",
+        default="normal",
+        help="comma-separated CPU policies of the proxies: "
+        + ", ".join(PROXY_POLICIES)
+        + " (SCHED_OTHER nice 0; SCHED_BATCH; nice 10; nice 19; SCHED_IDLE). Each gets its own usg serve and "
+        "bare proxy, every thread of both set to it (sched_setscheduler, setpriority) right after they start, "
+        "measured against the same engine in the same alternating rounds (default: normal, the measurement of "
+        "the sessions before)",
+    )
     args = ap.parse_args()
+    args.proxy_policy = [p.strip() for p in args.proxy_policy.split(",") if p.strip()]
+    for p in args.proxy_policy:
+        if p not in PROXY_POLICIES:
+            ap.error(
+                f"--proxy-policy: {p!r} is not a CPU policy; use one or more of {', '.join(PROXY_POLICIES)}, "
+                "comma-separated (e.g. normal,batch)"
+            )
+    if not args.proxy_policy or len(set(args.proxy_policy)) != len(args.proxy_policy):
+        ap.error("--proxy-policy: name each policy once (e.g. normal,batch)")
     placements = [p.strip() for p in args.placement.split(",") if p.strip()]
     for p in placements:
         if p not in PLACEMENTS:
@@ -508,7 +663,8 @@ def main() -> None:
     for placement in placements:
         print(f"placement {placement}: starting transformers serve, usg serve and the bare proxy ...", flush=True)
         result = run_placement(placement, args, model_dir, tmp)
-        summary.append((placement, report(result, args)))
+        for policy, heads in report(result, args).items():
+            summary.append((f"{placement}/{policy}", heads))
     print()
     print(
         "USG time outside the engine call = client-observed total - the LLM node's node_ms (HTTP in and out, "

@@ -203,3 +203,58 @@ def core_ticks() -> dict[int, tuple[int, int]]:
             ticks = [int(f) for f in fields[:8]]
             out[int(name[3:])] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))
     return out
+
+
+def ctxt_switches(pid: int) -> dict[int, tuple[int, int]]:
+    """Per thread of ``pid``: (voluntary, nonvoluntary) context switches so far (``/proc/PID/task/TID/
+    status``). A nonvoluntary one is the thread taken off its core while it could run: preempted by a
+    woken thread, or its time slice over."""
+    out: dict[int, tuple[int, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+            out[int(task.name)] = (int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"]))
+    return out
+
+
+def run_delay_s(pid: int) -> float:
+    """Time the threads of ``pid`` have spent runnable but waiting for a core so far, seconds
+    (``schedstat``'s second field): what a lower scheduling class costs the process."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
+# CPU policies of the proxies (``--proxy-policy``): name → (scheduling policy, nice); applied from outside to
+# every thread of a proxy process right after it starts (threads it starts later inherit them)
+PROXY_POLICIES: dict[str, tuple[str, int]] = {
+    "normal": ("SCHED_OTHER", 0),
+    "batch": ("SCHED_BATCH", 0),  # a woken thread does not preempt the running one
+    "nice10": ("SCHED_OTHER", 10),
+    "nice19": ("SCHED_OTHER", 19),
+    "idle": ("SCHED_IDLE", 0),
+}
+_POLICY_NAMES = {0: "SCHED_OTHER", 3: "SCHED_BATCH", 5: "SCHED_IDLE"}
+
+
+def set_proxy_policy(pid: int, name: str) -> None:
+    """Put every thread of ``pid`` under proxy CPU policy ``name`` (``sched_setscheduler`` and
+    ``setpriority`` act on one thread)."""
+    policy, nice = PROXY_POLICIES[name]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setscheduler(int(task.name), getattr(os, policy), os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+
+
+def read_proxy_policy(pid: int) -> list[tuple[str, int]]:
+    """(scheduling policy, nice) of every thread of ``pid``, read back from the kernel."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            tid = int(task.name)
+            policy = os.sched_getscheduler(tid)
+            out.append((_POLICY_NAMES.get(policy, str(policy)), os.getpriority(os.PRIO_PROCESS, tid)))
+    return out
