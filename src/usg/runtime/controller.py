@@ -25,11 +25,12 @@ a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 w
 1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
 ``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare. A cap
-measured dearer per item than the current one by a fraction ``e`` (a probe that lost, or the cap
-just left) *rests*: it is not probed again for ``e / probe_budget`` windows per window's worth of
-items run at it (up to ``max_probe_gap``), so lost probes cost about ``probe_budget`` (2%) of the
-model's compute at most: rec on the document graph lost each probe of 2 by 20-40%, and with the
-doubling gap alone spent a quarter of a 50 s round at cap 2. And a cap measured within
+that lost a probe, dearer per item than the current one by a fraction ``e``, *rests*: it is not
+probed again for ``e / probe_budget`` windows per window's worth of items run at it (up to
+``max_probe_gap``), so lost probes cost about ``probe_budget`` (2%) of the model's compute at
+most: rec on the document graph lost each probe of 2 by 20-40%, and with the doubling gap alone
+spent a quarter of a 50 s round at cap 2. (A cap just left does not rest: the move may have
+followed noise, and going back must stay possible.) And a cap measured within
 ``max_probe_gap`` windows at more than 1.5x the current per-item cost
 (``probe_margin``) is not probed again until that measurement is older;
 a move resets the gap, and the current bin's cost drifting from what it was when the cap settled
@@ -419,8 +420,6 @@ class BatchController:
             self._probe_gap = 1
             self._next_probe = self._windows + 1
             self._settled_cost = there
-            if back is not None:
-                self._rest_cap(home, back / there - 1, self.sizes[home] / self.cap)
             cost = "unmeasured (calls no longer fill it)" if back is None else self._ms(back)
             self._record(f"probe won: per-item {self._ms(there)} at {self.cap} < {cost} at {self.sizes[home]}")
             return
@@ -444,9 +443,6 @@ class BatchController:
         self._rest[j] = max(self._rest.get(j, 0), self._windows + rest)
 
     def _move(self, j: int, reason: str) -> None:
-        left, here, there = self._i, self._known(self._i), self._known(j)
-        if here is not None and there is not None and there > 0:
-            self._rest_cap(left, here / there - 1, self.sizes[left] / self.sizes[j])
         self._left[self._i] = self._windows
         self._changed = self._windows
         self._i = j
