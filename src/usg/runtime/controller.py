@@ -24,11 +24,18 @@ but not yet by three times the noise), and the next decision keeps it or goes ba
 a smaller cap that occasional smaller calls showed cheaper first (rec at cap 4 with a call of
 1 now and then goes to 1 without a stop at 2), else the neighbour measured longest ago.
 A probe that confirms the current cap doubles the time to the next probe (up to
-``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare; a cap
-measured within ``max_probe_gap`` windows at more than 1.5x the current per-item cost
+``max_probe_gap`` windows), so under steady load the cap stays put and probes become rare. A cap
+that lost a probe, dearer per item than the current one by a fraction ``e``, *rests*: it is not
+probed again for ``e / probe_budget`` windows per window's worth of items run at it (up to
+``max_probe_gap``), so lost probes cost about ``probe_budget`` (2%) of the model's compute at
+most: rec on the document graph lost each probe of 2 by 20-40%, and with the doubling gap alone
+spent a quarter of a 50 s round at cap 2. (A cap just left does not rest: the move may have
+followed noise, and going back must stay possible.) And a cap measured within
+``max_probe_gap`` windows at more than 1.5x the current per-item cost
 (``probe_margin``) is not probed again until that measurement is older;
 a move resets the gap, and the current bin's cost drifting from what it was when the cap settled
-(by more than the hysteresis and three times the noise of a difference of two means) halves it:
+(by more than the hysteresis and three times the noise of a difference of two means) halves it
+(and what is left of each rest):
 that is how it reacts to a change in cost, while noise that now and then crosses the band does
 not keep the gap short. A larger cap
 is probed only when the queue held enough items to fill it.
@@ -130,6 +137,7 @@ class BatchController:
         alpha: float = 0.25,
         max_probe_gap: int = 64,
         probe_margin: float = 0.5,
+        probe_budget: float = 0.02,
         stale_windows: int = 32,
         recent_windows: int = 16,
         history: int = 256,
@@ -145,6 +153,7 @@ class BatchController:
         self.alpha = alpha
         self.max_probe_gap = max(1, max_probe_gap)
         self.probe_margin = probe_margin
+        self.probe_budget = probe_budget
         self.stale_windows = stale_windows
         self.recent_windows = recent_windows
         self.target_p95_ms = policy.target_p95_ms
@@ -164,6 +173,7 @@ class BatchController:
         self._settled_cost: float | None = None
         self._left: dict[int, int] = {}  # cap index -> the window the settled cap last left it
         self._probed: dict[int, int] = {}  # cap index -> the window it was last probed
+        self._rest: dict[int, int] = {}  # cap index -> the first window it may be probed again
         self._changed = -1  # the window in which the cap last changed (a move, a probe, its end)
         self._item_elements: float | None = None  # mean input elements per item (EWMA)
         self._starting = True  # short windows, each smaller cap probed once (the module docstring's "Start")
@@ -293,6 +303,7 @@ class BatchController:
             # cheapest cap 91% -> 94%); a lasting change still shortens it window after window
             self._probe_gap = max(1, self._probe_gap // 2)
             self._next_probe = min(self._next_probe, self._windows + self._probe_gap)
+            self._rest = {j: w - (w - self._windows) // 2 for j, w in self._rest.items() if w > self._windows}
             self._settled_cost = here
         # every cap measured just now (calls smaller than the cap fill the smaller caps' bins for
         # free): jump to the cheapest that beats this one, not one step at a time
@@ -373,6 +384,8 @@ class BatchController:
         that lost by that much loses again unless the costs changed — and a probe of a far worse
         cap is what hurts: silero-vad at 4,000 windows/s, settled at 32, lost every probe of 1
         (0.2 ms a window vs 0.055), yet each drift of the noisy cost re-opened all of them."""
+        if self._rest.get(j, 0) > self._windows:
+            return False  # it cost more than the current cap a short while ago (a probe that lost)
         b = self._bins[j]
         if here is None or b.cost is None or b.samples < self.min_samples:
             return True
@@ -413,9 +426,21 @@ class BatchController:
         self._i = home
         self._back_off()
         self._settled_cost = back
+        spent = self._probe_windows * self.sizes[probed] / self.cap  # in windows of calls at the home cap
+        self._rest_cap(probed, there / back - 1 if back > 0 else 0.0, spent)
         self._record(
             f"probe lost: per-item {self._ms(there)} at {self.sizes[probed]} vs {self._ms(back)} at {self.cap}"
         )
+
+    def _rest_cap(self, j: int, excess: float, windows: float) -> None:
+        """Cap ``j`` cost ``excess`` (a fraction) more per item than the current cap over the items of
+        ``windows`` windows at the current cap (a window at cap 2 holds twice the items of one at 1):
+        not probed for ``excess * windows / probe_budget`` windows (``max_probe_gap`` at most), so
+        probes that lose cost at most about ``probe_budget`` of the compute."""
+        if excess <= 0 or self.probe_budget <= 0:
+            return
+        rest = min(self.max_probe_gap, math.ceil(excess * windows / self.probe_budget))
+        self._rest[j] = max(self._rest.get(j, 0), self._windows + rest)
 
     def _move(self, j: int, reason: str) -> None:
         self._left[self._i] = self._windows
