@@ -101,7 +101,8 @@ def test_concurrent_sessions_give_the_events_of_usg_run(server: Server, talk: Pa
         assert _speech(events) == expected
         start = next(e for e in events if e["type"] == "speech_start")
         assert start["ts_ms"] == pytest.approx(1000.0 + start["stream_ms"], abs=1e-3)  # capture time
-        assert [e["type"] for e in events if e["type"] not in ("result", "speech_start", "speech_end")] == ["closed"]
+        others = [e for e in events if e["type"] not in ("result", "speech_start", "speech_end")]
+        assert [e["type"] for e in others] == ["closed"], others  # an error event is shown whole
 
 
 def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> None:
@@ -252,7 +253,10 @@ def test_sessions_under_the_ray_engine_give_the_events_of_the_embedded_engine(
 
     x, _ = sf.read(talk, dtype="int16")
     embedded = asyncio.run(_stream(_url(server), x))
-    args = [a for limit in LIMITS for a in ("--stream-limit", limit)]
+    # the file is sent at 5x real time by each of 3 sessions: on a slow host the Ray deployment falls behind and
+    # the session rightly refuses chunks past max_pending_chunks (429 Overloaded, a gap in the audio). This test is
+    # about the events being equal, not about keeping up: every chunk of the file (~100) may wait.
+    args = [a for limit in [*LIMITS, "max_pending_chunks=256"] for a in ("--stream-limit", limit)]
     ray = start_server(
         GRAPH,
         "--engine",
@@ -286,8 +290,9 @@ def test_sessions_under_the_ray_engine_give_the_events_of_the_embedded_engine(
 
     assert [e["type"] for e in speech(embedded)] == ["speech_start", "speech_end"] * 2
     for events in sessions:
+        others = [e for e in events if e["type"] not in ("result", "speech_start", "speech_end")]
+        assert [e["type"] for e in others] == ["closed"], others  # an error event is shown whole
         assert speech(events) == speech(embedded)  # sample, stream_ms, ts_ms, input
-        assert [e["type"] for e in events if e["type"] not in ("result", "speech_start", "speech_end")] == ["closed"]
         assert events[-1] == embedded[-1]  # closed by the client after the same number of chunks
     # the windows crossed to the model's deployment, and the replies came back (state included)
     assert 'direction="request",target="model-silero"' in metrics

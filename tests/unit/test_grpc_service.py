@@ -380,3 +380,37 @@ def test_a_missing_grpc_extra_names_the_pip_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delitem(sys.modules, "usg.serve.grpc_server")
     with pytest.raises(MissingDependency, match=rf"package '{package}'.*fix: pip install 'usg\[grpc\]'"):
         importlib.import_module("usg.serve.grpc_server")
+
+
+def test_stream_limits_reach_the_ray_engine_and_bad_ones_fail_before_ray_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--stream-limit`` under ``--engine ray`` was dropped without a word (the router's sessions ran at the
+    defaults); now it goes into the router's ServeConfig, and a bad one is refused before Ray is touched."""
+    import usg.scale.ray_app as ray_app
+    from usg.cli import main
+
+    graph_file = tmp_path / "never-loaded.yaml"
+    graph_file.write_text("not: a graph\n")
+    monkeypatch.setattr(ray_app, "connect_ray", lambda *a: pytest.fail("Ray started despite a bad --stream-limit"))
+    args = ["serve", str(graph_file), "--engine", "ray", "--stream-limit", "max_pending_chunkz=256"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "max_pending_chunkz" in err and "max_pending_chunks" in err  # the bad key, and the one meant
+
+    seen: list[Any] = []
+
+    def deploy(graph: Any, config: Any, **kw: Any) -> str:
+        seen.append(config.stream)
+        raise KeyboardInterrupt  # stop here (as a signal would): no Ray in the unit tier
+
+    monkeypatch.setattr(ray_app, "connect_ray", lambda *a: None)
+    monkeypatch.setattr(ray_app, "shutdown_ray", lambda: None)
+    monkeypatch.setattr(ray_app, "deploy_graph", deploy)
+    speech = Path(__file__).resolve().parents[2] / "examples" / "speech_stream" / "graph.yaml"
+    args = ["serve", str(speech), "--engine", "ray", "--stream-limit", "max_pending_chunks=256"]
+    with contextlib.suppress(SystemExit):
+        main(args)
+    assert [lim.max_pending_chunks for lim in seen] == [256]

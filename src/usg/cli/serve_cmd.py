@@ -228,6 +228,7 @@ def serve(
             otel,
             deploy_timeout,
             no_cache=no_cache,
+            stream_limits=stream_limits,  # the router's WebSocket sessions (it was ignored under Ray before)
         )
         return
     if ray_address:

@@ -25,8 +25,12 @@ def serve_on_ray(
     deploy_timeout: float = 300.0,
     *,
     no_cache: bool = False,
+    stream_limits: tuple[str, ...] = (),
 ) -> None:
     from usg.scale.ray_app import connect_ray, deploy_graph, shutdown_ray
+    from usg.stream import SessionLimits
+
+    stream = SessionLimits.from_pairs(stream_limits)  # a bad --stream-limit fails before Ray starts
 
     graph = load_graph_for_cli(graph_path)
     if no_cache:
@@ -56,7 +60,9 @@ def serve_on_ray(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    config = ServeConfig(max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout)
+    config = ServeConfig(
+        max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout, stream=stream
+    )
     joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
     deployed = False
     try:
