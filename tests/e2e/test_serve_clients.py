@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -208,3 +210,42 @@ def test_the_header_deadline_is_each_requests_own_on_a_kept_alive_connection(
         assert _closed_by_server(s, within_s=6.0)
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_clients_that_never_read_their_answers_are_reset_after_the_send_timeout(
+    serve: Callable[..., Server], slow_graph: Path
+) -> None:
+    """Clients that pipeline requests for large answers and never read them: each connection is reset once it
+    has left the server's writes unread for --send-timeout (before, it was held, with its buffers, for as long
+    as the client kept it open), and the server answers everyone else meanwhile."""
+    server = serve(slow_graph, "--send-timeout", "2")
+    body = json.dumps({"inputs": {"text": "x" * 190_000}}).encode()  # each answer echoes 190 kB
+    head = (
+        f"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    readers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server.port))
+        s.settimeout(10)
+        with contextlib.suppress(OSError):  # the server stops reading once its answers back up, then resets
+            for _ in range(30):
+                s.sendall(head.encode() + body)
+        readers.append(s)
+    try:
+        assert httpx.post(f"{server.url}/v1/infer", json={"inputs": {"text": "hi"}}, timeout=10).status_code == 200
+        deadline = time.monotonic() + 30
+        while server.output().count("(--send-timeout); connection aborted") < len(readers):
+            assert time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.2)
+        for s in readers:
+            got = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := s.recv(1 << 16):
+                    got += len(chunk)
+            assert got < 30 * 190_000  # reset: the answers it never read were not all kept for it
+    finally:
+        for s in readers:
+            s.close()

@@ -177,12 +177,11 @@ def test_unknown_graph_is_refused(server: Server) -> None:
     assert code == 1008 and first["field"] == "graph" and "/v1/stream/speech-stream" in first["fix"]
 
 
-def _stalled_client(port: int, path: str, chunks: int, text: str) -> tuple[list[Any], float]:
+def _stalled_client(port: int, path: str, chunks: int, text: str) -> tuple[list[Any], bool]:
     """A WebSocket client (websockets' sans-I/O protocol on a plain socket with a 4 kB receive buffer) that
-    sends ``chunks`` text chunks and never reads, then reads what the server left: the frames and how long
-    the server took to close the connection."""
+    sends ``chunks`` text chunks and never reads, then reads what the server left: the frames, and whether
+    the server ended the connection (a reset or EOF) before this client's own 30 s socket timeout did."""
     import socket
-    import time
 
     from websockets.client import ClientProtocol
     from websockets.uri import parse_uri
@@ -195,36 +194,49 @@ def _stalled_client(port: int, path: str, chunks: int, text: str) -> tuple[list[
     sock.sendall(b"".join(proto.data_to_send()))
     while proto.handshake_exc is None and not proto.events_received() and not getattr(proto, "response", None):
         proto.receive_data(sock.recv(4096))
-    t0 = time.monotonic()
     sock.settimeout(30)
+    ended_by_server = False
     try:
         for i in range(chunks):
             proto.send_text(json.dumps({"type": "chunk", "input": "text", "ts_ms": i, "text": text}).encode())
             sock.sendall(b"".join(proto.data_to_send()))
+    except TimeoutError:
+        pass  # the server neither read nor closed: only our own timeout ended the sending
     except OSError:
-        pass  # the server cut the connection while we were still sending
+        ended_by_server = True  # the server cut the connection while we were still sending
     frames: list[Any] = []
     try:
         while data := sock.recv(1 << 16):  # now read: what was buffered, then the server's close (or EOF)
             proto.receive_data(data)
             frames += proto.events_received()
-    except OSError:
+        ended_by_server = True
+    except TimeoutError:
         pass
+    except OSError:
+        ended_by_server = True
     sock.close()
-    return frames, time.monotonic() - t0
+    return frames, ended_by_server
 
 
 @pytest.mark.slow
 def test_a_reader_that_stops_reading_is_cut_off(tmp_path: Path) -> None:
     """Events of 150 kB (the slow graph echoes text chunks); the client never reads: the server's event queue
-    holds 4, then it stops running chunks, refuses new ones, and closes the connection after slow_reader_s."""
+    holds 4, then it stops running chunks, refuses new ones, and closes the session after slow_reader_s; the
+    connection, which the client still does not read (nor close), is reset after --send-timeout, not held."""
     limits = ["max_pending_events=4", "slow_reader_s=1", "max_chunks_per_s=1000", "burst=1000"]
     s = start_server(
-        SERVE_RESOURCES / "slow.yaml", *[a for lim in limits for a in ("--stream-limit", lim)], tmp=tmp_path
+        SERVE_RESOURCES / "slow.yaml",
+        *[a for lim in limits for a in ("--stream-limit", lim)],
+        "--send-timeout",
+        "3",
+        tmp=tmp_path,
     )
     try:
-        frames, _ = _stalled_client(s.port, "/v1/stream/slow", 300, "x" * 150_000)
+        frames, ended_by_server = _stalled_client(s.port, "/v1/stream/slow", 300, "x" * 150_000)
         assert "slow reader, 4 events unread for over 1 s; closing with 1013" in s.output()
+        # before --send-timeout, the server stopped reading and kept the connection until the client gave up
+        assert ended_by_server, s.output()[-2000:]
+        assert "left" in s.output() and "unread for 3 s (--send-timeout); connection aborted" in s.output()
         # what reached the client is bounded: a few events (socket buffers), not the 400 chunks' results
         results = [f for f in frames if getattr(f, "opcode", None) is not None and f.opcode.name == "TEXT"]
         assert len(results) < 120  # 4 MB of kernel send buffer hold ~27 events

@@ -70,6 +70,14 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     help="Answer 408 and close when a request body has not fully arrived by then.",
 )
 @click.option(
+    "--send-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Abort a connection whose client has read nothing of a response or event stream for this long (slow readers).",
+)
+@click.option(
     "--keepalive-timeout",
     default=5.0,
     show_default=True,
@@ -170,6 +178,7 @@ def serve(
     header_timeout: float,
     body_timeout: float,
     keepalive_timeout: float,
+    send_timeout: float,
     api_key_env: str | None,
     otel: str | None,
     no_batching: bool,
@@ -208,7 +217,7 @@ def serve(
                 "fix: drop it with --engine ray"
             )
         ctx = click.get_current_context()
-        for flag in ("api_key_env", "header_timeout", "body_timeout", "keepalive_timeout"):
+        for flag in ("api_key_env", "header_timeout", "body_timeout", "send_timeout", "keepalive_timeout"):
             if ctx.get_parameter_source(flag) is not click.core.ParameterSource.DEFAULT:
                 option = "--" + flag.replace("_", "-")
                 raise UsageError(
@@ -265,6 +274,7 @@ def serve(
             timeout_s=timeout,
             body_timeout_s=body_timeout,
             header_timeout_s=header_timeout,
+            send_timeout_s=send_timeout,
             keepalive_timeout_s=keepalive_timeout,
             api_key=api_key,
             stream=SessionLimits.from_pairs(stream_limits),

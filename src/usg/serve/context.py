@@ -64,7 +64,7 @@ class ServeConfig:
 
     ``max_body_bytes`` None takes the graph's ``limits.max_body_bytes`` (default 32 MiB).
     ``body_timeout_s`` bounds how long a request's body may take to arrive; ``header_timeout_s``
-    and ``keepalive_timeout_s`` are applied by the HTTP server (``usg serve``). ``api_key``
+    ``send_timeout_s`` and ``keepalive_timeout_s`` are applied by the HTTP server (``usg serve``). ``api_key``
     (``--api-key-env``) is required as ``Authorization: Bearer`` on inference, metadata and
     metrics; health stays open.
     """
@@ -76,6 +76,8 @@ class ServeConfig:
     retry_after_s: float = 1.0
     body_timeout_s: float = 30.0
     header_timeout_s: float = 10.0
+    #: a client that leaves the server's writes unread this long is disconnected (``usg serve``)
+    send_timeout_s: float = 30.0
     keepalive_timeout_s: float = 5.0
     api_key: str | None = None
     #: limits of each streaming session (``WS /v1/stream/{graph}``; ``usg serve --stream-limit``)

@@ -7,6 +7,11 @@
   ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
   it is closed; an idle keep-alive connection is closed after ``keepalive_timeout_s``
   (uvicorn's own timer); bodies have the app's body timeout (:mod:`usg.serve.context`).
+* **Slow readers**: a connection whose client leaves the server's writes unread — the transport's
+  buffer above its high-water mark, no progress — for ``send_timeout_s`` is aborted, HTTP and
+  WebSocket alike. Without this a client that never reads a large response or event stream (and
+  keeps its side open) held the connection and its buffers for ever: asyncio's ``close()`` waits
+  for the buffer to drain.
 * **SIGTERM**: the server keeps listening while it drains, answering new requests 503
   ``draining`` with ``Connection: close`` (no connection resets), and shuts uvicorn down
   once the accepted requests are answered (or ``drain_timeout_s`` passed). A second signal
@@ -16,14 +21,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
+import struct
 import time
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 from uvicorn.server import logger as uvicorn_logger
 
 from usg.errors import USGError
@@ -100,9 +108,58 @@ class _JoinedWrites:
         return getattr(self._transport, name)
 
 
-def _protocol_class(header_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol with a deadline for a request's headers."""
-    base: Any = AutoHTTPProtocol
+def _with_send_deadline(base: Any, send_timeout_s: float) -> Any:
+    """``base`` (a uvicorn protocol) aborting its connection once the transport has stayed paused —
+    its write buffer above the high-water mark, the client reading nothing — for ``send_timeout_s``."""
+
+    class SendDeadlineProtocol(base):
+        _usg_send_timer: asyncio.TimerHandle | None = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._usg_send_timer is None:
+                self._usg_send_timer = self.loop.call_later(send_timeout_s, self._usg_send_expired)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._usg_cancel_send_timer()
+
+        def _usg_cancel_send_timer(self) -> None:
+            if self._usg_send_timer is not None:
+                self._usg_send_timer.cancel()
+                self._usg_send_timer = None
+
+        def _usg_send_expired(self) -> None:
+            self._usg_send_timer = None
+            transport = self.transport
+            if transport is None:
+                return
+            uvicorn_logger.warning(
+                "a client left %d bytes unread for %g s (--send-timeout); connection aborted",
+                transport.get_write_buffer_size(),
+                send_timeout_s,
+            )
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # a reset, so the kernel drops the unsent bytes too (no FIN_WAIT orphan)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._usg_cancel_send_timer()
+            super().connection_lost(exc)
+
+    return SendDeadlineProtocol
+
+
+def _ws_protocol_class(send_timeout_s: float) -> Any:
+    """uvicorn's WebSocket protocol with the send deadline ("auto" if no WebSocket library is installed)."""
+    return "auto" if AutoWebSocketsProtocol is None else _with_send_deadline(AutoWebSocketsProtocol, send_timeout_s)
+
+
+def _protocol_class(header_timeout_s: float, send_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with a deadline for a request's headers and the send deadline."""
+    base: Any = _with_send_deadline(AutoHTTPProtocol, send_timeout_s)
 
     class HeaderTimeoutProtocol(base):
         # One timer per connection, not one per request: a request's first bytes note the time
@@ -191,7 +248,8 @@ def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_lev
         port=port,
         log_level=log_level,
         lifespan="on",
-        http=_protocol_class(cfg.header_timeout_s),
+        http=_protocol_class(cfg.header_timeout_s, cfg.send_timeout_s),
+        ws=_ws_protocol_class(cfg.send_timeout_s),
         access_log=False,  # usg.access logs each inference request (with its request id and digests)
         timeout_keep_alive=max(1, round(cfg.keepalive_timeout_s)),
         timeout_graceful_shutdown=int((cfg.timeout_s or 60.0) + 10),
