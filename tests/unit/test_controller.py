@@ -556,3 +556,31 @@ def test_probes_of_a_cap_that_lost_by_far_cost_about_the_probe_budget():
         lost = [d for d in ctl.decisions if d.reason.startswith("probe lost")]
         assert 1 <= len(lost) <= 5, (seed, [d.reason for d in ctl.decisions])
         assert spent / cheapest - 1 < 0.03, (seed, spent / cheapest)
+
+
+def test_a_smaller_cap_cheaper_only_within_the_noise_is_kept_after_its_probe_windows():
+    # session 15 on a noisy host: rec at its declared cap 8 read 215 ms an item, the start probe of 1
+    # 159 (26% cheaper), never beyond three times the noise of its windows, so the probe went home
+    # and rec stayed at 8 for 28 s. The same cost at a smaller cap is lower latency: keep the smaller.
+    ctl, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    spread = {8: (100.0, 330.0), 1: (40.0, 278.0), 2: (70.0, 310.0), 4: (90.0, 320.0)}  # means 215 / 159
+    for k in range(16):
+        ctl.formed(16)
+        n = ctl.cap
+        ms = spread[n][(k // 2) % 2] * n
+        ctl.observe(BatchEvent("m", n, n, 0, 0, (0.0,) * n, ms, True, cpu_ms=ms))
+    reasons = [d.reason for d in ctl.decisions]
+    assert reasons[1] == "probe 1 (from 8)", reasons
+    assert reasons[2].startswith("probe won") and reasons[2].endswith("(within the noise: the smaller cap is kept)")
+    assert ctl.settled_cap == 1, reasons
+    # and a larger cap cheaper only within the noise is not taken: moving up needs three times the noise
+    ctl2, _ = make(BatchPolicy(max_size=8, max_delay_ms=3, adaptive=True))
+    up = {8: (40.0, 278.0), 1: (100.0, 330.0), 2: (100.0, 330.0), 4: (100.0, 330.0)}
+    for k in range(40):
+        ctl2.formed(16)
+        n = ctl2.cap
+        ms = up[n][(k // 2) % 2] * n
+        ctl2.observe(BatchEvent("m", n, n, 0, 0, (0.0,) * n, ms, True, cpu_ms=ms))
+    assert not any(d.reason.endswith("the smaller cap is kept)") for d in ctl2.decisions), [
+        d.reason for d in ctl2.decisions
+    ]
