@@ -174,8 +174,21 @@ def _alternate(n: int, sides: dict[str, Any]) -> dict[str, list[tuple[float, flo
 
 def side(kind: str, policy: str) -> str:
     """The name of the ``usg`` or ``bare`` side run under CPU policy ``policy`` (``normal``: the plain
-    name, as before policies)."""
+    name, as before policies; ``POLICY@TREE``: the same policy, running the source tree ``--usg-src``
+    names ``TREE``)."""
     return kind if policy == "normal" else f"{kind}:{policy}"
+
+
+def base_policy(policy: str) -> str:
+    """The CPU policy of a side's ``policy`` (``POLICY@TREE`` → ``POLICY``)."""
+    return policy.partition("@")[0]
+
+
+def tree_env(policy: str, trees: dict[str, str]) -> dict[str, str] | None:
+    """The environment of a ``POLICY@TREE`` side's processes (``PYTHONPATH`` = that tree's ``src``);
+    None: this process's (the tree ``PYTHONPATH`` gives the benchmark)."""
+    tree = policy.partition("@")[2]
+    return {**os.environ, "PYTHONPATH": trees[tree]} if tree else None
 
 
 async def _throughput(clients: int, per_client: int, send: Any) -> tuple[int, float]:
@@ -191,13 +204,18 @@ async def _throughput(clients: int, per_client: int, send: Any) -> tuple[int, fl
         return clients * per_client, time.perf_counter() - t0
 
 
-def _start_bare(eurl: str, model: str, max_tokens: int, inflight: int, log: Path) -> ServerProcess:
-    """``benchmarks/bare_llm_proxy.py`` on a free port, ready."""
+def _start_bare(
+    eurl: str, model: str, max_tokens: int, inflight: int, log: Path, env: dict[str, str] | None = None
+) -> ServerProcess:
+    """``benchmarks/bare_llm_proxy.py`` on a free port, ready (``env``: its environment, None: this one's)."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).with_name("bare_llm_proxy.py"))]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [*cmd, eurl, model, str(port), str(max_tokens), str(inflight)], stdout=out, stderr=subprocess.STDOUT
+            [*cmd, eurl, model, str(port), str(max_tokens), str(inflight)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     bare = ServerProcess(proc, port, log)
     bare.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", name="bare proxy", timeout_s=60, poll_s=0.1)
@@ -241,12 +259,13 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         urls: dict[str, str] = {}
         for policy in policies:
             u, b = side("usg", policy), side("bare", policy)
-            usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp)
+            env = tree_env(policy, args.usg_src)
+            usg_server = start_server(graph, "--max-inflight", str(max(64, args.clients * 2)), tmp=tmp, env=env)
             servers[u], urls[u] = usg_server, usg_server.url
-            bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / f"bare-{policy}.log")
+            bare = _start_bare(eurl, model, args.max_tokens, args.clients, tmp / f"bare-{policy}.log", env)
             servers[b], urls[b] = bare, f"http://127.0.0.1:{bare.port}"
             for proc in (usg_server, bare):  # before any question: threads started later inherit it
-                set_proxy_policy(proc.proc.pid, policy)
+                set_proxy_policy(proc.proc.pid, base_policy(policy))
         usg_sides = [side("usg", policy) for policy in policies]
         pids = {name: proc.proc.pid for name, proc in servers.items()}
         epid = engine.proc.pid
@@ -399,7 +418,7 @@ def check_policies(policies: list[str], pids: dict[str, int]) -> list[str]:
     each; exit if one is not its side's CPU policy."""
     lines, wrong = [], []
     for policy in policies:
-        want_policy, want_nice = PROXY_POLICIES[policy]
+        want_policy, want_nice = PROXY_POLICIES[base_policy(policy)]
         for kind in ("usg", "bare"):
             name = side(kind, policy)
             got = read_proxy_policy(pids[name])
@@ -626,7 +645,21 @@ def main() -> None:
         "measured against the same engine in the same alternating rounds (default: normal, the measurement of "
         "the sessions before)",
     )
+    ap.add_argument(
+        "--usg-src",
+        default="",
+        help="comma-separated NAME=DIR: for each, one more usg serve and bare proxy per CPU policy, run with "
+        "PYTHONPATH=DIR (a source tree's src; the default sides run the tree this process imports), measured "
+        "in the same alternating rounds against the same engine; their sides are named POLICY@NAME (an A/B "
+        "of two trees in one run)",
+    )
     args = ap.parse_args()
+    trees: dict[str, str] = {}
+    for item in (t.strip() for t in args.usg_src.split(",") if t.strip()):
+        name, eq, path = item.partition("=")
+        if not eq or not name or "@" in name or name in trees or not (Path(path) / "usg").is_dir():
+            ap.error(f"--usg-src: {item!r} must be NAME=DIR, each NAME once, DIR a source tree's src (DIR/usg)")
+        trees[name] = str(Path(path).resolve())
     args.proxy_policy = [p.strip() for p in args.proxy_policy.split(",") if p.strip()]
     for p in args.proxy_policy:
         if p not in PROXY_POLICIES:
@@ -636,6 +669,8 @@ def main() -> None:
             )
     if not args.proxy_policy or len(set(args.proxy_policy)) != len(args.proxy_policy):
         ap.error("--proxy-policy: name each policy once (e.g. normal,batch)")
+    args.usg_src = trees
+    args.proxy_policy += [f"{p}@{name}" for name in trees for p in args.proxy_policy]
     placements = [p.strip() for p in args.placement.split(",") if p.strip()]
     for p in placements:
         if p not in PLACEMENTS:

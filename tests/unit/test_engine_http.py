@@ -486,6 +486,39 @@ def test_a_pooled_connection_the_engine_closed_is_dropped_before_writing() -> No
     _run(go())
 
 
+def test_a_whole_body_read_skips_the_streaming_context_manager_and_keeps_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # session 15: post/get read the body without EngineClient.stream's async context manager (and
+    # without a timeout or an async generator when the body came with the head); same pooling
+    async def handler(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await srv.next_request(reader)
+            if b"/split" in request:  # the head first, the body later: the waiting path
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b"split")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    def no_stream(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a whole body read went through EngineClient.stream")
+
+    async def go() -> None:
+        async with Scripted(handler) as srv:
+            client = EngineClient(srv.url, timeout_s=5, max_idle=1)
+            monkeypatch.setattr(client, "stream", no_stream)
+            for path in ("/a", "/split", "/b"):
+                resp = await client.post(f"{srv.url}{path}", json={"q": 1})
+                assert resp.status_code == 200 and resp.content == (b"split" if path == "/split" else b"ok")
+            assert (await client.get(f"{srv.url}/c")).content == b"ok"
+            assert len(srv.requests) == 4 and srv.connections == 1 and len(client._idle) == 1
+
+    _run(go())
+
+
 def test_huge_heads_and_bodies_are_refused_with_the_engine_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from usg.backends import engine_http
 

@@ -15,6 +15,7 @@ import json
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,20 @@ def test_v1_json_text_returns_the_usg_run_json_keys_and_a_request_id(client: Tes
     assert body["outputs"] == {"upper": "ABC", "n2": [[6.0]]}
     assert body["pruned_nodes"] == ["shape", "dblx"]
     assert r.headers["x-request-id"] == body["request_id"]
+
+
+def test_request_ids_are_uuid4_hex_and_a_client_id_is_kept(client: TestClient) -> None:
+    from usg.serve.context import new_request_id
+
+    ids = {new_request_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for rid in ids:
+        u = uuid.UUID(hex=rid)
+        assert u.hex == rid and u.version == 4 and u.variant == uuid.RFC_4122
+    r = client.post("/v1/infer", json={"inputs": {"text": "abc"}})
+    assert uuid.UUID(hex=r.json()["request_id"]).version == 4
+    r = client.post("/v1/infer", json={"inputs": {"text": "abc"}}, headers={"x-request-id": "mine-1"})
+    assert r.json()["request_id"] == r.headers["x-request-id"] == "mine-1"
 
 
 def test_v1_json_matches_the_executor_result_exactly() -> None:

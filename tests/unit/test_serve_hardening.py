@@ -36,6 +36,21 @@ def test_load_json_bounds_depth_and_integer_digits() -> None:
         load_json(b"{", max_depth=32, fix="f")
 
 
+def test_load_json_decodes_bytes_and_text_as_json_loads_does() -> None:
+    # one decoder built at import (session 15): bytes in any JSON encoding, a UTF-8 BOM only in bytes
+    doc = {"inputs": {"text": "é ✓"}, "n": 12}
+    for body in (json.dumps(doc).encode(), json.dumps(doc, ensure_ascii=False).encode("utf-16"), b"\xef\xbb\xbf{}"):
+        assert load_json(body, max_depth=8, fix="f") == json.loads(body)
+    assert load_json(json.dumps(doc), max_depth=8, fix="f") == doc  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"is not valid JSON .*BOM"):
+        load_json("\ufeff{}", max_depth=8, fix="f")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="is not valid JSON"):
+        load_json(b"\xff\xfe{", max_depth=8, fix="f")
+    with pytest.raises(InputError, match="has 30 digits, above the limit of 20"):  # the bound holds on every call
+        for _ in range(2):
+            load_json(b"[" + b"1" * 30 + b"]", max_depth=8, fix="f")
+
+
 def test_check_depth_is_iterative() -> None:
     deep: list[object] = []
     node = deep

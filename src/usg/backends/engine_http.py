@@ -378,7 +378,15 @@ class EngineResponse:
     async def aread(self) -> bytes:
         """The whole body, at most :data:`MAX_BODY_BYTES`, within ``timeout_s`` in total (an
         engine dripping bytes cannot hold it longer)."""
-        pieces: list[bytes] = []
+        conn = self._conn
+        if conn.complete and conn.error is None:  # all of it arrived with the head: nothing to wait for
+            pieces = conn.take()
+            if sum(map(len, pieces)) > MAX_BODY_BYTES:
+                conn.close()
+                raise self._too_large()
+            self.content = b"".join(pieces)
+            return self.content
+        pieces = []
         size = 0
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -386,10 +394,7 @@ class EngineResponse:
                     size += len(piece)
                     if size > MAX_BODY_BYTES:
                         self._conn.close()
-                        raise EngineProtocolError(
-                            f"the engine at {self._conn.origin} sent a body over {MAX_BODY_BYTES} bytes "
-                            f"(HTTP {self.status_code}); fix: check what listens at options.url, or lower max_tokens"
-                        )
+                        raise self._too_large()
                     pieces.append(piece)
         except TimeoutError:
             self._conn.close()
@@ -398,6 +403,12 @@ class EngineResponse:
             ) from None
         self.content = b"".join(pieces)
         return self.content
+
+    def _too_large(self) -> EngineProtocolError:
+        return EngineProtocolError(
+            f"the engine at {self._conn.origin} sent a body over {MAX_BODY_BYTES} bytes "
+            f"(HTTP {self.status_code}); fix: check what listens at options.url, or lower max_tokens"
+        )
 
     @property
     def text(self) -> str:
@@ -478,6 +489,15 @@ class EngineClient:
     ) -> AsyncIterator[EngineResponse]:
         """Send the request; the response's headers have arrived when this yields. Leaving the
         block before the body ended closes the connection."""
+        conn = await self._open(method, url, json, headers)
+        try:
+            yield EngineResponse(conn, self.timeout_s)
+        finally:
+            self._done(conn)
+
+    async def _open(self, method: str, url: str, json: Any, headers: Mapping[str, str] | None) -> _Connection:
+        """Send the request on a pooled (or new) connection; the connection once the response's
+        head has arrived (:meth:`_done` returns it to the pool or closes it)."""
         if self._closed:
             raise EngineTransportError("the client is closed")
         body = _dumps(json) if json is not None else b""
@@ -498,14 +518,15 @@ class EngineClient:
             except BaseException:
                 conn.close()
                 raise
-            break
-        try:
-            yield EngineResponse(conn, self.timeout_s)
-        finally:  # a response read to its end (say, an error the caller raises on) keeps the connection
-            if conn.complete:
-                self._release(conn)
-            else:
-                conn.close()
+            return conn
+
+    def _done(self, conn: _Connection) -> None:
+        """A response left: one read to its end (say, an error the caller raises on) keeps its
+        connection, any other closes it."""
+        if conn.complete:
+            self._release(conn)
+        else:
+            conn.close()
 
     async def _send(self, conn: _Connection, request: bytes) -> None:
         """Write ``request``; return once the response's head has arrived (within ``timeout_s``)."""
@@ -526,8 +547,14 @@ class EngineClient:
     async def request(
         self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None
     ) -> EngineResponse:
-        async with self.stream(method, url, json=json, headers=headers) as resp:
+        # the body read at once: no context manager (its async generator and frames cost as much as
+        # the rest of a pooled request's Python; benchmarks/README.md "LLM overhead", session 15)
+        conn = await self._open(method, url, json, headers)
+        try:
+            resp = EngineResponse(conn, self.timeout_s)
             await resp.aread()
+        finally:
+            self._done(conn)
         return resp
 
     async def get(self, url: str, *, headers: Mapping[str, str] | None = None) -> EngineResponse:

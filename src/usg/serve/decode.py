@@ -72,10 +72,24 @@ def check_depth(doc: Any, limit: int, where: str = "body") -> None:
             stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
 
 
+#: ``json.loads(text, parse_int=_bounded_int)`` builds a decoder per call; this one is built once
+_DECODER = json.JSONDecoder(parse_int=_bounded_int)
+
+
+def _loads(body: bytes | str) -> Any:
+    """``json.loads(body, parse_int=_bounded_int)``, on the module's one decoder."""
+    if isinstance(body, str):
+        if body.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", body, 0)
+    else:
+        body = body.decode(json.detect_encoding(body), "surrogatepass")
+    return _DECODER.decode(body)
+
+
 def load_json(body: bytes, *, max_depth: int, what: str = "body", fix: str) -> Any:
     """Parse a JSON body within bounds; every failure is a 4xx :class:`InputError` naming ``what``."""
     try:
-        doc = json.loads(body, parse_int=_bounded_int)
+        doc = _loads(body)
     except RecursionError:
         raise _too_deep(max_depth, what) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
