@@ -8,6 +8,7 @@ the other on its one Serve proxy port (``serve_port``: Serve keeps one proxy add
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -42,8 +43,11 @@ def start_head(tmp: Path, timeout_s: float = 90.0) -> Head:
     log = tmp / "head.log"
     ray_cli = Path(sys.executable).parent / "ray"
     cmd = [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    # No drain on SIGTERM for the head itself: the session is over when it is stopped, and Ray's drain waits
+    # up to 30 s for the Serve actors the tests leave on it (the joined processes' env stays without RAY_*).
+    head_env = dict(env, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=head_env, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while "Ray runtime started" not in log.read_text(errors="replace"):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
@@ -52,12 +56,12 @@ def start_head(tmp: Path, timeout_s: float = 90.0) -> Head:
 
 
 def stop_head(head: Head) -> None:
-    os.killpg(head.proc.pid, signal.SIGTERM)  # `ray start --block` drains, then stops its processes
-    try:
+    head.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+    with contextlib.suppress(subprocess.TimeoutExpired):
         head.proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.proc.pid, signal.SIGKILL)
-        head.proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(head.proc.pid, signal.SIGKILL)  # whatever of its group outlived it
+    head.proc.wait(timeout=10)
     port = head.address.split(":")[1]
     if CURRENT_CLUSTER.exists() and CURRENT_CLUSTER.read_text().strip().endswith(f":{port}"):
         CURRENT_CLUSTER.unlink()  # or a later plain ray.init() would try to join the dead head
