@@ -351,9 +351,7 @@ def test_usg_run_stream_prints_tokens_as_they_arrive(tmp_path: Path) -> None:
 def test_engine_stream_false_sends_plain_completions_and_one_delta(tmp_path: Path) -> None:
     path = tmp_path / "graph.yaml"
     with RunningEngine(StreamingFakeEngine()) as engine:
-        path.write_text(
-            GRAPH.format(url=engine.url, timeout=30, stream="false")
-        )
+        path.write_text(GRAPH.format(url=engine.url, timeout=30, stream="false"))
         with Executor(load_graph(path)) as ex:
             events = ex._sync.run(_collect(ex, {"question": "two plus two"}))
     assert [e.text for e in events if isinstance(e, TokenDelta)] == ["echo: two plus two"]
