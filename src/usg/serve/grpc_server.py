@@ -33,7 +33,6 @@ import logging
 import math
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +57,7 @@ from prometheus_client import Counter
 
 from usg import __version__
 from usg.serve.app import ServeState
+from usg.serve.context import new_request_id
 from usg.serve.errors import DrainingError, ModelNotFound, rejection_reason
 from usg.serve.grpc_codec import build_response, metadata_response, parse_infer_request, requested_outputs
 from usg.serve.oip import check_model
@@ -226,7 +226,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         metadata = await self._authorized(context, "ModelInfer")
-        rid = metadata.get("x-request-id") or uuid.uuid4().hex
+        rid = metadata.get("x-request-id") or new_request_id()
         try:
             response = await self._infer(request, rid, metadata)
         except Exception as exc:
@@ -247,7 +247,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(request: pb.ModelInferRequest) -> None:
-            rid = uuid.uuid4().hex
+            rid = new_request_id()
             try:
                 reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request, rid, metadata))
                 self._count("ModelStreamInfer", None)
