@@ -13,7 +13,14 @@ from rich.console import Console
 from usg.bench.breakdown import BreakdownObserver, breakdown_from_metrics, parse_prometheus
 from usg.bench.equivalence import check_equivalence, compare_outputs
 from usg.bench.loadgen import LoadResult
-from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, ratio_rows, render_report, report_json
+from usg.bench.report import (
+    MIN_RELIABLE_REQUESTS,
+    BenchReport,
+    coarse_count_note,
+    ratio_rows,
+    render_report,
+    report_json,
+)
 from usg.runtime.batcher import BatchEvent
 from usg.runtime.observer import NodeEvent
 
@@ -248,3 +255,23 @@ def test_a_single_round_with_enough_requests_has_no_spread_or_warning():
     rep = make_report()
     rep.results[1].latencies_ms *= 2  # 40 requests
     assert {r["system"]: r for r in ratio_rows(rep)}["http-stitched"]["few_requests"] is False
+
+
+def test_a_count_of_whole_requests_per_client_is_flagged_with_the_closed_loop_rate():
+    # session 16's rapidocr run: 16 clients whose requests ran side by side and finished together
+    # 25 s after they started, so each 30 s round counted exactly 16 (0.53 req/s, as at 29 s)
+    pool = LoadResult("rapidocr", "closed", 16, None, 60.0)
+    pool.latencies_ms = [25_000.0] * 32
+    note = coarse_count_note(pool, 30.0, "rapidocr@c16")
+    assert note is not None
+    assert "took 25.0 s (p50) in 30 s rounds" in note and "about 1.2 a round" in note
+    assert "0.64 req/s against 0.53 counted" in note  # 16 clients / 25 s
+    assert "raise --duration to at least 125 s" in note
+    # requests short against the round: many per client, the count is a rate
+    quick = LoadResult("usg", "closed", 16, None, 60.0)
+    quick.latencies_ms = [2_000.0] * 480
+    assert coarse_count_note(quick, 30.0, "usg@c16") is None
+    # open loop: no clients to count in
+    open_loop = LoadResult("usg", "open", None, 1.0, 60.0)
+    open_loop.latencies_ms = [25_000.0] * 32
+    assert coarse_count_note(open_loop, 30.0, "usg@1rps") is None

@@ -61,6 +61,15 @@ def test_rounds_merge_per_system_and_level_and_bounds_follow_each_usg_run(graph)
     assert len([n for n in report.notes if "fewer than 30" in n]) == len(few)
 
 
+def test_requests_long_against_the_round_are_noted(tmp_path: Path):
+    p = tmp_path / "slow.yaml"  # each request sleeps 0.2 s: fewer than 3 a client in a 0.3 s round
+    p.write_text(GRAPH.replace('"testops:upper", inputs:', '"testops:sleepy", options: {seconds: 0.2}, inputs:'))
+    cfg = BenchConfig("slow.yaml", concurrency=(2,), duration_s=0.3, warmup_s=0.0, samples=[Sample("a", text="hi")])
+    report = asyncio.run(run_bench(cfg, load_graph(p)))
+    notes = [n for n in report.notes if n.startswith("usg@c2: its requests took")]
+    assert len(notes) == 1 and "in 0.3 s rounds" in notes[0] and "raise --duration" in notes[0]
+
+
 def test_compare_without_a_graph_is_refused():
     with pytest.raises(UsageError, match="--compare needs the graph"):
         asyncio.run(run_bench(BenchConfig("http://127.0.0.1:1", compare=("sequential",)), None))

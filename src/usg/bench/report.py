@@ -10,7 +10,7 @@ from usg.bench.breakdown import ModelBreakdown
 from usg.bench.equivalence import Equivalence
 from usg.bench.loadgen import LoadResult
 
-__all__ = ["BenchReport", "ratio_rows", "render_report", "report_json"]
+__all__ = ["BenchReport", "coarse_count_note", "ratio_rows", "render_report", "report_json"]
 
 
 @dataclass
@@ -87,6 +87,31 @@ def ratio_rows(report: BenchReport) -> list[dict[str, Any]]:
 
 #: fewer completed requests than this make a ratio unreliable (a warning is printed beside it)
 MIN_RELIABLE_REQUESTS = 30
+
+#: a closed-loop client should finish at least this many requests a round for its count to be a rate
+MIN_REQUESTS_PER_CLIENT_ROUND = 3
+
+
+def coarse_count_note(r: LoadResult, round_s: float, label: str) -> str | None:
+    """A note when a closed-loop run's requests took so long against its round that its count is
+    not a rate: each client finished fewer than :data:`MIN_REQUESTS_PER_CLIENT_ROUND` requests a
+    round, so the count moves in whole requests per client. Worst when the clients run side by side
+    and finish together (RapidOCR's thread pool, one worker a client): 16 clients whose requests
+    all take anything from half a round to a whole one complete exactly 16 a round. The note gives
+    the closed-loop rate of Little's law (clients / mean latency) beside the counted one."""
+    if r.mode != "closed" or not r.concurrency or not r.latencies_ms or round_s <= 0:
+        return None
+    p50_s = r.p(50) / 1000.0
+    if p50_s * MIN_REQUESTS_PER_CLIENT_ROUND <= round_s:
+        return None
+    little = r.concurrency * 1000.0 / (sum(r.latencies_ms) / len(r.latencies_ms))
+    return (
+        f"{label}: its requests took {p50_s:.1f} s (p50) in {round_s:g} s rounds, so each of its "
+        f"{r.concurrency} clients finished about {round_s / p50_s:.1f} a round and its count moves in whole "
+        f"requests per client (clients that finish together count the same for any request time from half a "
+        f"round to a whole one); its clients / mean latency is {little:.2f} req/s against {r.throughput:.2f} "
+        f"counted; fix: raise --duration to at least {math.ceil(p50_s * 5):d} s"
+    )
 
 
 def _round_spread(ref: LoadResult, r: LoadResult) -> dict[str, Any]:

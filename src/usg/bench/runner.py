@@ -10,7 +10,7 @@ from typing import Any
 from usg.bench.bound import summarize_bounds
 from usg.bench.equivalence import check_equivalence
 from usg.bench.loadgen import LoadResult, ProgressFn, run_closed, run_open
-from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, run_label
+from usg.bench.report import MIN_RELIABLE_REQUESTS, BenchReport, coarse_count_note, run_label
 from usg.bench.samples import Sample, repeat_sampler, sample_cycle
 from usg.bench.targets import InProcessTarget, UrlTarget, is_url
 from usg.errors import UsageError
@@ -214,6 +214,9 @@ class _Run:
                     f"{run_label(r)} completed only {r.completed} request(s) (fewer than {MIN_RELIABLE_REQUESTS}): "
                     "ratios involving it are not reliable; fix: raise --duration (or --rounds)"
                 )
+            coarse = coarse_count_note(r, self.cfg.duration_s, run_label(r))
+            if coarse is not None:
+                self.report.notes.append(coarse)
         if self.bounds:
             self.report.bound = summarize_bounds(self.bounds, self.levels)
         if self.cfg.rounds > 1:
