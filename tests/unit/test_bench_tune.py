@@ -39,10 +39,20 @@ def test_latency_bound_excludes_big_batches():
     assert rec.batch <= 4
 
 
-def test_no_config_meets_bound_takes_fastest_and_says_so():
+def test_no_config_meets_bound_takes_best_throughput_near_the_lowest_latency():
+    # det's p95 is 66 ms at best (2 threads × 1): 1 thread × 2 instances is 110 ms but serves 20
+    # items/s against 16.7, so it is the better pick for a server once 10 ms is out of reach
     c = choose(DET, p95_ms=10, cpus=2)
-    assert (c.batch, c.threads, c.instances) == (1, 2, 1)
-    assert "no config meets p95" in c.reason
+    assert (c.batch, c.threads, c.instances) == (1, 1, 2)
+    assert "no config meets p95 ≤ 10 ms" in c.reason and "66.0 ms" in c.reason
+    assert "raise --p95-ms" in c.reason
+
+
+def test_fallback_does_not_take_a_config_far_slower_than_the_lowest_latency():
+    # 4 threads × batch 8 serves the most items but at 5× the lowest p95: out of the relaxed bound
+    points = curve("m", 1, {1: 100}) + curve("m", 4, {8: 500})
+    c = choose(points, p95_ms=10, cpus=4)
+    assert (c.batch, c.threads, c.instances) == (1, 1, 4)
 
 
 def test_choose_needs_points():
