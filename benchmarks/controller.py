@@ -26,6 +26,9 @@ decisions it made (time, model, cap, wait, reason) are printed.
 
 Run: python benchmarks/controller.py --sidecar PATH/graph.tuned.yaml [--rounds 3] [--duration 15]
 (write the sidecar first: ``usg tune COPY/graph.yaml`` on a copy of the example graph.)
+Rounds must be long against a request: at 16 clients on 2 cores a request takes ~18 s, so 20 s
+rounds count 16–19 requests and one request moves a round by 5–6%; the run prints a note with
+the duration to use when a round completed fewer than 30 (session 17 used --duration 90).
 Prints a table and ratios; no pass/fail (machines here are shared and noisy).
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -134,6 +138,7 @@ async def one_round(
         "det_s": m["det"] / d,
         "cpu_ms_per_doc": m["cpu_s"] * 1e3 / max(1, m["det"]),
         "p95": pct(lat, 95),
+        "p50": pct(lat, 50),
         "n": done,
         "text": text,
         "decisions": decisions,
@@ -190,6 +195,14 @@ async def run(
         cpu = statistics.median(x["cpu_ms_per_doc"] for x in rs)
         print(f"{name:<12} process CPU per det call (median of rounds): {cpu:.0f} ms")
     print(f"OCR text identical across variants: {same}")
+    fewest = min(x["n"] for rs in results.values() for x in rs)
+    if fewest < 30:  # as usg bench warns: one request more or less moves the ratio by over 3%
+        p50_s = statistics.median(x["p50"] for rs in results.values() for x in rs) / 1e3
+        print(
+            f"note: a round completed only {fewest} requests (p50 {p50_s:.1f} s in {duration:g} s rounds), so one "
+            f"request moves a round's rate by {100 / fewest:.0f}%; for a ratio to trust, "
+            f"--duration {math.ceil(5 * p50_s)}"
+        )
     pairs = [
         (a, b, key)
         for key in ("rps", "det_s")
