@@ -22,7 +22,7 @@ from usg.doctor.logs.corpus import thread_key
 from usg.doctor.logs.model import DEFAULT_CALIBRATION, Calibration
 from usg.doctor.logs.similar import CaseIndex
 
-# (parent, commit) of each unseen batch added to the corpus, oldest first (batch 11 is the newest: not listed, it
+# (parent, commit) of each unseen batch added to the corpus, oldest first (batch 12 is the newest: not listed, it
 # measures the code instead)
 BATCHES = (
     ("d1a238e", "dbfbd33"),  # batch 2 (session 7, 21 entries)
@@ -34,6 +34,7 @@ BATCHES = (
     ("9fd8505", "b467516"),  # batch 8 (session 13, 35 entries)
     ("b2ab69e", "5ddde64"),  # batch 9 (session 14, 32 entries)
     ("73a216b", "a2ea5b1"),  # batch 10 (session 15, 33 entries)
+    ("cfb9ba7", "b6b7ac2"),  # batch 11 (session 16, 30 entries)
 )
 
 

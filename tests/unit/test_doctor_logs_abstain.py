@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from usg.doctor.findings import RootCause
+from usg.doctor.findings import Location, RootCause, Stage
 from usg.doctor.logs.classify import LEARNED, classify_text, root_error
 from usg.doctor.logs.corpus import LabelledCase
 from usg.doctor.logs.features import features_text, vocab_vector
 from usg.doctor.logs.similar import CaseIndex
+from usg.doctor.registry import finding
 
 # NVIDIA/TensorRT#2918: the maintainer's answer was an old driver (455), not a missing kernel
 NO_TACTIC_DRIVER = (
@@ -67,6 +68,48 @@ def test_a_guess_about_the_lines_after_an_unclassified_rule_finding_is_not_the_r
     assert root is not None and root.code == "LOG016" and root.root_cause is RootCause.UNCLASSIFIED
     assert all(f.code != LEARNED.code for f in found)  # the assertion below it is the build's consequence
     assert [f.code for f in found] == ["LOG016", "LOG028"]
+
+
+def _unclassified(line: int, text: str):
+    return finding(
+        "LOG000",
+        f"unclassified error: {text}",
+        Location("npu.log", line=line),
+        "read the log",
+        {"line_text": text},
+        stage=Stage.LOGS,
+    )
+
+
+def _guess(line: int, text: str, cause: RootCause):
+    return finding(
+        LEARNED,
+        text,
+        Location("npu.log", line=line),
+        "see the known cases",
+        {"line_text": text},
+        stage=Stage.LOGS,
+        root_cause=cause,
+    )
+
+
+def test_a_guess_about_the_line_after_an_unclassified_error_is_not_the_root() -> None:
+    # openvinotoolkit/openvino#22846: the NPU compiler's error, then the plugin's consequence line
+    compile_error = _unclassified(
+        2, "LevelZeroCompilerInDriver: Failed to compile network. Error code: 2147483646. Compilation failed"
+    )
+    after = _guess(3, 'Failed to create executable"', RootCause.ENVIRONMENT)
+    assert root_error([compile_error, after]) is compile_error
+    # a guess on the line before it is not about its consequence
+    before = _guess(1, "Failed to create plugin for device NPU", RootCause.ENVIRONMENT)
+    assert root_error([before, compile_error]) is before
+
+
+def test_a_head_line_ending_in_a_colon_does_not_hide_the_line_below() -> None:
+    # onnx/onnx-tensorrt#414: the head says where, the line below what
+    head = _unclassified(1, "ERROR: ModelImporter.cpp:124 In function parseGraph:")
+    below = _guess(2, "[5] Assertion failed: ctx->tensors().count(inputName)", RootCause.VERSION_COUPLING)
+    assert root_error([head, below]) is below
 
 
 @pytest.mark.parametrize(

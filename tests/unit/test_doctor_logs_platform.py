@@ -128,6 +128,17 @@ def test_onnxruntime_execution_provider_not_available() -> None:
     assert bare.code == "LOG046" and bare.evidence["provider"] == "CUDAExecutionProvider"
 
 
+def test_onnxruntime_provider_library_with_an_undefined_symbol_is_a_release_mismatch() -> None:
+    # microsoft/onnxruntime#14802: the provider loads, its TensorRT is another release than the build's
+    root = _root(
+        "Failed to load library libonnxruntime_providers_tensorrt.so with error: TensorRT/TensorRT-8.2.x/AL2_x86_64/"
+        "DEV.STD.PTHREAD/build/lib/libnvinfer_plugin.so.8: undefined symbol: _ZN5pwgen18nvrtcCreateProgramE"
+    )
+    assert (root.code, root.root_cause) == ("LOG046", RootCause.VERSION_COUPLING)
+    assert "another release" in root.message and "was built for" in root.fix
+    assert root.evidence["library"] == "libonnxruntime_providers_tensorrt.so"
+
+
 @pytest.mark.parametrize(
     ("text", "method", "need", "have"),
     [

@@ -294,21 +294,35 @@ def root_error(findings: Iterable[Finding]) -> Finding | None:
     """The first root error: the earliest classified error that is not a generic cascade line.
 
     A finding is classified when it names a root cause: LOG000, and a rule that recognises a message
-    whose cause the message does not state (TensorRT's "no implementation for node"), are not.
+    whose cause the message does not state (TensorRT's "no implementation for node"), are not. A
+    learned guess that comes after such an error (or after an error statement the learned layer left
+    unclassified, not a head line ending in ":") is a guess about what followed it ("Failed to create
+    executable" after "Failed to compile network ... Compilation failed"): the earlier error is the root.
     Errors come before warnings (a warning is the root only in a log without errors); without a
     classified one, the earliest unclassified error; None for a log without problems.
     """
     ranked = sorted(findings, key=lambda f: (f.severity is not Severity.ERROR, f.location.line or 0))
     errors = [f for f in ranked if f.severity in (Severity.ERROR, Severity.WARNING)]
     recognised = None  # an earlier error a rule knows but whose cause the message does not state
+    unknown = None  # an earlier error statement neither a rule nor the known cases could classify
     for f in errors:
-        cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(str(f.evidence.get("line_text", "")))
+        text = str(f.evidence.get("line_text", ""))
+        cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(text)
         if f.root_cause is not RootCause.UNCLASSIFIED and not cascade:
             if f.code == LEARNED.code and recognised is not None:
                 return recognised  # a guess about what followed it does not name its cause either
-            return _rule_below(f, errors) or f
+            below = _rule_below(f, errors)
+            after_unknown = unknown is not None and (unknown.location.line or 0) < (f.location.line or 0)
+            if below is None and f.code == LEARNED.code and after_unknown:
+                return unknown  # so does a guess about what followed an error left unclassified
+            return below or f
         if recognised is None and f.code != "LOG000" and f.severity is Severity.ERROR:
             recognised = f
+        # an error statement left unclassified; not a head line ending in ":" ("In function parseGraph:",
+        # "Exception from src/inference/src/core.cpp:116:"), whose lines below state the error
+        head = text.rstrip().endswith(":")
+        if unknown is None and f.code == "LOG000" and f.severity is Severity.ERROR and not cascade and not head:
+            unknown = f
     return errors[0] if errors else None
 
 

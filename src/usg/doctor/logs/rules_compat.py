@@ -250,6 +250,7 @@ def _import(m: re.Match[str]) -> Explained:
     r"|Asked to use (?P<asked2>\w+) as an ONNX Runtime execution provider, but the available execution providers "
     r"are (?P<avail2>\[[^\]]*\])"
     r"|`onnxruntime-gpu` is installed, but GPU dependencies are not loaded",
+    also=(R.VERSION_COUPLING,),
 )
 def _ort_provider(m: re.Match[str]) -> Explained:
     ev = {
@@ -265,6 +266,20 @@ def _ort_provider(m: re.Match[str]) -> Explained:
             "install only the GPU package (pip uninstall onnxruntime onnxruntime-gpu; pip install onnxruntime-gpu) "
             "matching your CUDA version",
             ev,
+        )
+    if ev["load_error"] and "undefined symbol" in ev["load_error"]:
+        # the provider library and the libraries it links against were found and loaded: one of them lacks a symbol
+        # the other was built with, i.e. they come from different releases (not a missing library); "undefined
+        # symbol" is a release mismatch in 11 of the 12 corpus entries that state it
+        return Explained(
+            f"ONNX Runtime's provider library {ev['library']} loads, but a library it links against lacks a symbol it "
+            f"was built with ({ev['load_error']}): that library (TensorRT, CUDA or cuDNN) is another release than "
+            "the one this onnxruntime-gpu build was made for",
+            "install the TensorRT/CUDA/cuDNN versions this onnxruntime-gpu release was built for (its requirements "
+            "table) and make them the ones found first (LD_LIBRARY_PATH), or pick the onnxruntime-gpu build for the "
+            "installed ones",
+            ev,
+            R.VERSION_COUPLING,
         )
     return Explained(
         f"ONNX Runtime could not create the {ev['provider'] or 'GPU'} execution provider"
