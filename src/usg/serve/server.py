@@ -7,6 +7,10 @@
   ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
   it is closed; an idle keep-alive connection is closed after ``keepalive_timeout_s``
   (uvicorn's own timer); bodies have the app's body timeout (:mod:`usg.serve.context`).
+* **Reset connections**: a connection the client resets (or that fails) while idle in keep-alive
+  has its keep-alive timer cancelled at once; uvicorn (0.55 and before) cancels it only on a clean
+  close, so each reset connection's protocol, last request cycle and headers stayed referenced by
+  the timer until ``keepalive_timeout_s`` passed.
 * **Slow readers**: a connection whose client leaves the server's writes unread — the transport's
   buffer above its high-water mark, no progress — for ``send_timeout_s`` is aborted, HTTP and
   WebSocket alike. Without this a client that never reads a large response or event stream (and
@@ -157,9 +161,12 @@ def _ws_protocol_class(send_timeout_s: float) -> Any:
     return "auto" if AutoWebSocketsProtocol is None else _with_send_deadline(AutoWebSocketsProtocol, send_timeout_s)
 
 
-def _protocol_class(header_timeout_s: float, send_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol with a deadline for a request's headers and the send deadline."""
-    base: Any = _with_send_deadline(AutoHTTPProtocol, send_timeout_s)
+def _protocol_class(
+    header_timeout_s: float, send_timeout_s: float, http: type[asyncio.Protocol] = AutoHTTPProtocol
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol ``http`` (httptools', else h11's) with a deadline for a request's
+    headers, the send deadline, and its keep-alive timer cancelled however the connection ends."""
+    base: Any = _with_send_deadline(http, send_timeout_s)
 
     class HeaderTimeoutProtocol(base):
         # One timer per connection, not one per request: a request's first bytes note the time
@@ -210,6 +217,12 @@ def _protocol_class(header_timeout_s: float, send_timeout_s: float) -> type[asyn
                 self._usg_timer = None
             self._usg_since = None
             super().connection_lost(exc)
+            # uvicorn cancels its keep-alive timer only when exc is None (a clean close): after a
+            # reset the pending timer kept this protocol, its cycle and headers for the keep-alive timeout
+            keepalive = getattr(self, "timeout_keep_alive_task", None)
+            if keepalive is not None:
+                keepalive.cancel()
+                self.timeout_keep_alive_task = None
 
     return HeaderTimeoutProtocol
 
