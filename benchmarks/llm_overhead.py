@@ -320,6 +320,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
             return send
 
         rps: dict[bool, dict[str, float]] = {}
+        pal_rps: dict[bool, list[dict[str, float]]] = {}  # per palindrome, each side's req/s
         load_cpu: dict[str, float] = {}
         client_cpu: dict[str, float] = {}
         busy: dict[bool, dict[str, dict[int, float]]] = {}
@@ -331,19 +332,24 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         for stream in (False, True):
             kinds = ("usg",) if stream else ("usg", "bare")
             ahead = [side(kind, policy) for policy in policies for kind in kinds]
-            order = ("direct", *ahead, *reversed(ahead), "direct")
+            palindrome = ("direct", *ahead, *reversed(ahead), "direct")
             print(
                 f"throughput{' (streamed)' if stream else ''}: {args.clients} concurrent clients x "
-                f"{args.per_client} questions per side and round, 2 rounds ({', '.join(order)}) ...",
+                f"{args.per_client} questions per side and round, 2 rounds ({', '.join(palindrome)})"
+                f"{f' x {args.palindromes} palindromes' if args.palindromes > 1 else ''} ...",
                 flush=True,
             )
-            totals = {name: [0, 0.0, 0.0, 0.0] for name in order}
+            order = palindrome * args.palindromes
+            per_pal: list[dict[str, list[float]]] = [
+                {name: [0, 0.0] for name in palindrome} for _ in range(args.palindromes)
+            ]  # each palindrome's questions and seconds per side
+            totals = {name: [0, 0.0, 0.0, 0.0] for name in palindrome}
             ticks: dict[str, dict[int, list[int]]] = {name: {} for name in order}
             per_thread: dict[str, dict[int, float]] = {name: {} for name in order}
             sw = {
                 name: {"engine_nvcsw": 0.0, "proxy_vcsw": 0.0, "proxy_nvcsw": 0.0, "proxy_wait": 0.0} for name in order
             }
-            for name in order:
+            for i, name in enumerate(order):
                 cpu0 = cpu_s(pids[name]) if name in pids else 0.0
                 me0, core0, eng0 = cpu_s(os.getpid()), core_ticks(), thread_cpu_s(epid)
                 ecs0 = ctxt_switches(epid)
@@ -360,6 +366,8 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
                 print(f"  {name}: {done} questions in {secs:.2f} s, {done / secs:.1f} req/s", flush=True)
                 totals[name][0] += done
                 totals[name][1] += secs
+                per_pal[i // len(palindrome)][name][0] += done
+                per_pal[i // len(palindrome)][name][1] += secs
                 totals[name][2] += cpu_s(pids[name]) - cpu0 if name in pids else 0.0
                 totals[name][3] += cpu_s(os.getpid()) - me0
                 for c, (b1, t1) in core1.items():
@@ -369,6 +377,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
                 for tid, t1 in eng1.items():
                     per_thread[name][tid] = per_thread[name].get(tid, 0.0) + t1 - eng0.get(tid, 0.0)
             rps[stream] = {name: done / secs for name, (done, secs, _, _) in totals.items()}
+            pal_rps[stream] = [{name: d / t for name, (d, t) in pal.items()} for pal in per_pal]
             switches[stream] = {
                 name: {k: (v * 1e3 if k == "proxy_wait" else v) / totals[name][0] for k, v in d.items()}
                 for name, d in sw.items()
@@ -402,6 +411,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         "usg_cpu_ms": usg_cpu_ms,
         "usg_cpu_stream_ms": usg_cpu_stream_ms,
         "rps": rps,
+        "pal_rps": pal_rps,
         "load_cpu": load_cpu,
         "client_cpu": client_cpu,
         "busy": busy,
@@ -513,6 +523,15 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, f
     row("  bare proxy / direct (floor)", [f"{x['bare']:.3f}x" for x in ps])
     row("  USG / bare proxy", [f"{x['usg_bare']:.3f}x" for x in ps])
     row("  streamed USG / direct", [f"{x['streamed']:.3f}x" for x in ps], ">= 0.95x")
+    if len(r["pal_rps"][False]) > 1:  # --palindromes: each palindrome's ratio, and their spread
+        for stream, label in ((False, "USG / direct"), (True, "streamed USG / direct")):
+            for policy in policies:
+                ratios = [pal[side("usg", policy)] / pal["direct"] for pal in r["pal_rps"][stream]]
+                print(
+                    f"  {label} by palindrome{'' if policy == 'normal' else f' ({policy})'}: "
+                    + ", ".join(f"{x:.3f}x" for x in ratios)
+                    + f"  (median {statistics.median(ratios):.3f}x)"
+                )
     row("CPU a question under load, USG (ms)", [f"{x['cpu']:.2f}" for x in ps])
     row("  bare proxy (ms)", [f"{x['cpu_bare']:.2f}" for x in ps])
     ec, sw = r["engine_cpu"][False], r["switches"][False]
@@ -614,6 +633,13 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument(
+        "--palindromes",
+        type=int,
+        default=1,
+        help="throughput rounds: repeat the palindrome (direct, USG, bare, bare, USG, direct) this many times; "
+        "the ratios are over all rounds, and each palindrome's ratio is printed too (default 1)",
+    )
+    ap.add_argument(
         "--engine-threads",
         type=int,
         default=None,
@@ -654,6 +680,8 @@ def main() -> None:
         "of two trees in one run)",
     )
     args = ap.parse_args()
+    if args.palindromes < 1:
+        ap.error(f"--palindromes {args.palindromes}: must be 1 or more")
     trees: dict[str, str] = {}
     for item in (t.strip() for t in args.usg_src.split(",") if t.strip()):
         name, eq, path = item.partition("=")
