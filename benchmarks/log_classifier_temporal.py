@@ -6,7 +6,7 @@ corpus in one commit; here each batch is classified by the code on the import pa
 the corpus at that commit's parent (the batch's threads left out), at the shipped temperature and the thresholds
 given. The rules are optimistic here (written after those batches were read); the learned layer is not.
 
-Run: python benchmarks/log_classifier_temporal.py [--thresholds 0.48,0.54,0.60] [--details]
+Run: python benchmarks/log_classifier_temporal.py [--thresholds 0.48,0.54,0.60] [--details] [--last 12]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from usg.doctor.logs.corpus import thread_key
 from usg.doctor.logs.model import DEFAULT_CALIBRATION, Calibration
 from usg.doctor.logs.similar import CaseIndex
 
-# (parent, commit) of each unseen batch added to the corpus, oldest first (batch 12 is the newest: not listed, it
-# measures the code instead)
+# (parent, commit) of each unseen batch added to the corpus, oldest first; batch 13 (session 18) was studied after
+# it was measured on arrival, so the judge of later changes is batches 2-12 (--last 12)
 BATCHES = (
     ("d1a238e", "dbfbd33"),  # batch 2 (session 7, 21 entries)
     ("ee3d1ff", "ad85f66"),  # batch 3
@@ -35,6 +35,8 @@ BATCHES = (
     ("b2ab69e", "5ddde64"),  # batch 9 (session 14, 32 entries)
     ("73a216b", "a2ea5b1"),  # batch 10 (session 15, 33 entries)
     ("cfb9ba7", "b6b7ac2"),  # batch 11 (session 16, 30 entries)
+    ("cb13c45", "2fcaf81"),  # batch 12 (session 17, 26 entries)
+    ("690e14a", "e52bb84"),  # batch 13 (session 18, 22 entries)
 )
 
 
@@ -42,10 +44,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--thresholds", default=str(DEFAULT_CALIBRATION.threshold), help="comma-separated")
     parser.add_argument("--details", action="store_true", help="list every entry not classified correctly")
+    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-13)")
     args = parser.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     totals = {t: collections.Counter[str]() for t in thresholds}
-    for before, after in BATCHES:
+    for before, after in BATCHES[: args.last - 1]:
         old = {(c.url, c.excerpt) for c in corpus_at(before)}
         new = [c for c in corpus_at(after) if (c.url, c.excerpt) not in old]
         measured = {c.thread for c in new}

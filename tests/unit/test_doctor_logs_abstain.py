@@ -181,9 +181,6 @@ def test_triton_model_version_is_not_version_vocabulary() -> None:
     [
         # sgl-project/sglang#165 (the thread: out of memory, visible only in the discussion)
         "AttributeError: 'NoneType' object has no attribute 'cpu'",
-        # sgl-project/sglang#88 (the thread: an older sglang runtime)
-        "    prefix_rid = backend.cache_prefix(prefix)\n"
-        "AttributeError: 'Runtime' object has no attribute 'cache_prefix'",
         # unslothai/unsloth#1268 (a weight name; a model type such as Hunyuan-7B#3's is LOG072's, see
         # test_doctor_logs_model_types.py)
         "KeyError: 'layers.0.mlp.down_proj.weight'",
@@ -194,6 +191,19 @@ def test_generic_exception_without_cause_vocabulary_stays_unclassified(text: str
     assert root is not None and root.code == "LOG000"
     assert root.evidence["generic_exception"] is True
     assert root.evidence["similar_cases"]  # the nearest known cases are still shown
+
+
+def test_a_library_object_without_the_attribute_its_caller_uses_is_a_release_mismatch() -> None:
+    # sgl-project/sglang#88 (the thread: an older sglang runtime); a NoneType one stays unclassified (above)
+    text = (
+        "    prefix_rid = backend.cache_prefix(prefix)\n"
+        "AttributeError: 'Runtime' object has no attribute 'cache_prefix'"
+    )
+    root = root_error(classify_text(text, "pasted.log", index=_index()))
+    assert root is not None and root.code == "LOG066"
+    assert root.root_cause is RootCause.VERSION_COUPLING
+    assert root.evidence["object"] == "Runtime" and root.evidence["name"] == "cache_prefix"
+    assert "Runtime objects of the installed release have no attribute 'cache_prefix'" in root.message
 
 
 def test_generic_exception_that_states_a_cause_still_reaches_known_cases() -> None:

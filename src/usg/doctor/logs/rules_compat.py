@@ -189,7 +189,7 @@ _LIBRARIES = frozenset(
     "python",
     "module or name not importable",
     R.ENVIRONMENT,
-    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'"
+    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'?"  # the closing quote may be cut off
     r"|(?:ImportError: )?cannot import name '(?P<name>\w+)' from (?P<partial>partially initiali[sz]ed module )?"
     r"'(?P<src>[\w.]+)'",
     also=(R.VERSION_COUPLING,),
@@ -215,6 +215,13 @@ def _import(m: re.Match[str]) -> Explained:
         )
     mod = m["mod"]
     top = mod.split(".")[0]
+    if hint := re.search(r"pip install\s+(?:\"[^\"\n]+\"|'[^'\n]+'|[^\s`'\"]+)", m.string[m.end() : m.end() + 200]):
+        install = hint.group(0)  # the message names what to install: an extra or package left out of this install
+        return Explained(
+            f"{mod} is not installed; the message itself says how to install it: {install}",
+            f"run `{install}` in the environment that runs the process (container image, venv, Ray runtime_env)",
+            {"module": mod, "install": install},
+        )
     if "." in mod and mod.rsplit(".", 1)[1].startswith("_"):  # vllm._C, torch._C: a compiled extension
         return Explained(
             f"the compiled extension {mod} is missing: {top} is a source checkout that was not built, or a wheel "
@@ -290,6 +297,38 @@ def _ort_provider(m: re.Match[str]) -> Explained:
         "and make them visible (LD_LIBRARY_PATH / the pip nvidia-* wheels), or pick the onnxruntime-gpu build for "
         "your CUDA",
         ev,
+    )
+
+
+# the library a C++ symbol belongs to, from the first name of its Itanium mangling (_ZN3c10..., _ZNK12tensorrt_llm...)
+_SYMBOL_OWNERS = {
+    "c10": "PyTorch",
+    "at": "PyTorch",
+    "torch": "PyTorch",
+    "tensorrt_llm": "TensorRT-LLM",
+    "nvinfer1": "TensorRT",
+}
+
+
+@_rule(
+    "LOG076",
+    "native library",
+    "compiled extension built against another release (undefined symbol)",
+    R.VERSION_COUPLING,
+    r"(?:(?P<lib>[\w.+-]+\.so(?:\.[\w.]+)?)[^\n]{0,12}?)?undefined symbol: (?P<sym>_Z\w+)",
+)
+def _undefined_symbol(m: re.Match[str]) -> Explained | None:
+    mangled = re.match(r"_ZN?K?(\d+)", m["sym"])
+    owner = _SYMBOL_OWNERS.get(m["sym"][mangled.end() : mangled.end() + int(mangled[1])]) if mangled else None
+    if owner is None:  # a symbol of the user's own or an unknown library: the message does not say whose release
+        return None
+    lib = m["lib"] or "a compiled extension"
+    return Explained(
+        f"{lib} was compiled against another {owner} release than the installed one: the {owner} symbol it needs "
+        f"({m['sym'][:80]}) is not there",
+        f"install the build of {lib.split('/')[-1]} made for the installed {owner} (or the {owner} version it was "
+        f"built for); rebuild it from source against this {owner} if no such build exists",
+        {"library": m["lib"], "symbol": m["sym"][:200], "built_against": owner},
     )
 
 

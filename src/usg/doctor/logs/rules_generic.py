@@ -149,15 +149,26 @@ _BUILTIN_TYPES = r"NoneType|str|int|float|list|dict|tuple|bool|bytes|set|functio
     r"|(?P<func2>[\w.]+)\(\) missing (?P<miss>\d+) required (?:positional|keyword-only) arguments?: "
     r"(?P<args>[^\n]{1,120})"
     r"|(?P<op>[\w.:]+)\(\) expected at most (?P<most>\d+) argument\(s\) but received (?P<got>\d+)"
-    r"|has no member named ['‘\"](?P<member>\w+)['’\"]",
+    r"|has no member named ['‘\"](?P<member>\w+)['’\"]"
+    # an object of a library class without the attribute its caller uses (21 of the corpus's 25 such
+    # messages are a version mismatch); NoneType is a value that is missing, not an API, and is left alone
+    r"|(?:type object ['‘](?P<tcls>[\w.]+)['’]|['‘]?(?P<cls>[\w.]+)['’](?: ['‘][\w.]+['’])? object) has no "
+    r"attribute ['‘](?P<oattr>\w+)['’]?"
+    r"|AttributeError: (?P<bcls>[A-Z]\w+) has no attribute (?P<battr>\w+)",
 )
 def _api_mismatch(m: re.Match[str]) -> Explained | None:
-    if m["mod"]:
+    if cls := m["cls"] or m["tcls"] or m["bcls"]:
+        if cls == "NoneType":
+            return None
+        attr = m["oattr"] or m["battr"]
+        what = f"{cls} objects of the installed release have no attribute {attr!r}, which the calling code uses"
+        ev: dict[str, Any] = {"object": cls, "name": attr}
+    elif m["mod"]:
         top = m["mod"].split(".")[0]
         if top in ("__main__", "builtins"):  # the user's own script: no library release involved
             return None
         what = f"the installed {m['mod']} has no {m['attr']!r}"
-        ev: dict[str, Any] = {"module": m["mod"], "name": m["attr"]}
+        ev = {"module": m["mod"], "name": m["attr"]}
     elif m["func"] or m["func2"]:
         func = m["func"] or m["func2"]
         if re.fullmatch(rf"(?:{_BUILTIN_TYPES})\.\w+", func):
@@ -238,4 +249,36 @@ def _unparsable_input(m: re.Match[str]) -> Explained:
         "pass an existing local directory (absolute path) or an 'org/name' repo id; a suffix such as ':branch' "
         "or a typo in the path makes it neither",
         {"model_id": repo},
+    )
+
+
+@_rule(
+    "LOG075",
+    "llm server",
+    "tensor-parallel size does not divide the model or the GPUs",
+    R.CONFIG_INVALID,
+    r"(?P<what>[\w ]{3,60}?) \((?P<size>\d+)\) must be divisible by (?:the )?tensor[ _-]?parallel(?: size)? "
+    r"\((?P<tp>\d+)\)"
+    r"|(?P<what2>number of [\w ]{3,40}?) is not divisible by the number of tensor parallelism"
+    r"|choo?sen size (?P<size3>\d+) is not compatible with sharding on (?P<tp3>\d+) shards",
+)
+def _tp_split(m: re.Match[str]) -> Explained:
+    """vLLM's "Total number of attention heads (12) must be divisible by tensor parallel size (8)", "The number of GPUs
+    per node is not divisible by the number of tensor parallelism"; TGI's "The choosen size 65027 is not compatible
+    with sharding on 4 shards": the model (or the node) is split into a number of shards its sizes cannot be cut into.
+    """
+    if m["size3"]:
+        ev: dict[str, Any] = {"size": int(m["size3"]), "shards": int(m["tp3"])}
+        what = f"a weight dimension of {m['size3']} cannot be split evenly over {m['tp3']} shards"
+    elif m["size"]:
+        ev = {"of": m["what"].strip(), "size": int(m["size"]), "tensor_parallel_size": int(m["tp"])}
+        what = f"{m['what'].strip()} ({m['size']}) cannot be split evenly over tensor parallel size {m['tp']}"
+    else:
+        ev = {"of": m["what2"].strip()}
+        what = f"the {m['what2'].strip()} is not a multiple of the tensor-parallel size"
+    return Explained(
+        what + ": the tensor-parallel (shard) count is configured for another model or node",
+        "set the tensor-parallel size / number of shards to a divisor of the model's attention heads and vocabulary "
+        "and of the GPUs per node (e.g. restrict CUDA_VISIBLE_DEVICES), or use pipeline parallelism for the rest",
+        ev,
     )
