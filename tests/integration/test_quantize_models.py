@@ -83,8 +83,12 @@ def _documents() -> list[Sample]:
 
 
 def test_det_and_rec_static_calibrate_on_what_the_graph_feeds_them(graph, tmp_path: Path):
+    # two trials: det's and rec's first quantization. rec static fails the guard on this CPU and
+    # its fallback has no trial left, so it stays FP32 at once (a third trial, one rec node kept
+    # FP32, took 15 of this test's 56 s and changed nothing: rec still failed; the fallback's own
+    # search is what test_fallback_restores_a_guard_only_met_by_keeping_nodes_fp32 checks)
     config = QuantizeConfig(
-        ("det", "rec"), QuantSettings("static"), guards=(parse_guard("lines:char_accuracy>=0.8"),), max_trials=3
+        ("det", "rec"), QuantSettings("static"), guards=(parse_guard("lines:char_accuracy>=0.8"),), max_trials=2
     )
     result = quantize_graph(graph, _documents(), config, tmp_path / "q", log=print)
     det, rec = result.outcomes["det"], result.outcomes["rec"]

@@ -13,7 +13,6 @@ import base64
 import io
 import json
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -454,28 +453,40 @@ def test_draining_turns_not_ready_and_refuses_new_requests(client: TestClient) -
 
 
 def test_shutdown_waits_for_inflight_requests_then_closes_the_executor() -> None:
+    """The app's lifespan shutdown (what uvicorn runs on SIGTERM) waits for the request in flight,
+    then closes the executor.
+
+    Driven in one event loop, through the app's own lifespan and an ASGI transport: under a
+    TestClient the request would come from another thread through the client's portal, which
+    leaving the client stops as soon as the app has answered; a loaded machine then ran that
+    thread's read of the answer after the portal stopped ("This portal is not running")."""
     app = create_app(tiny_graph(), backends={"m": doubler(delay=0.3)})
     ctx = app.state.usg
-    results: list[int] = []
+    in_flight_at_close: list[int] = []  # requests in flight when the shutdown closed the executor
+    close = ctx.executor.aclose
 
-    with TestClient(app) as c:
+    async def recorded_close() -> None:
+        in_flight_at_close.append(ctx.gate.inflight)
+        await close()
 
-        def call() -> None:
-            results.append(c.post("/v1/infer", json={"inputs": {"x": [[1.0]]}}).status_code)
+    ctx.executor.aclose = recorded_close
 
-        t = threading.Thread(target=call)
-        t.start()
-        # generous: on a loaded machine the thread may take seconds to reach the gate, and
-        # leaving the TestClient before it did would stop the portal under its request
-        deadline = time.monotonic() + 60
-        while ctx.gate.inflight == 0 and not results and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ctx.gate.inflight == 1 or results, "the request never reached the server"
-    # leaving the TestClient ran the lifespan shutdown; it waited for the request
-    t.join(30)
-    assert results == [200]
-    assert ctx.state is ServeState.STOPPED
-    assert ctx.executor.state.value == "closed"
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://usg") as client:
+            async with app.router.lifespan_context(app):
+                request = asyncio.create_task(client.post("/v1/infer", json={"inputs": {"x": [[1.0]]}}))
+                deadline = time.monotonic() + 60
+                while ctx.gate.inflight == 0 and not request.done() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert ctx.gate.inflight == 1 or request.done(), "the request never reached the server"
+            # leaving the lifespan ran its shutdown; it waited for the request
+            assert ctx.state is ServeState.STOPPED
+            return await asyncio.wait_for(request, 30)
+
+    response = asyncio.run(go())
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"]["x2"] == [[2.0]]
+    assert in_flight_at_close == [0] and ctx.executor.state.value == "closed"
 
 
 def test_create_app_accepts_a_new_executor_and_refuses_a_started_one() -> None:
