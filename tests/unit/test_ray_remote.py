@@ -92,6 +92,51 @@ def test_errors_of_the_call_itself_are_not_retried() -> None:
     assert handle.calls == 1
 
 
+class SlowSpecsHandle:
+    """A model deployment whose ``specs`` answers after ``polls`` timed-out waits (replicas loading)."""
+
+    app_name, deployment_name = "g", "model-m"
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+        self.waits: list[float | None] = []
+        self.specs = self
+
+    def remote(self) -> Any:
+        handle = self
+
+        class Response:
+            def result(self, timeout_s: float | None = None) -> Any:
+                handle.waits.append(timeout_s)
+                if len(handle.waits) <= handle.polls:
+                    raise TimeoutError("Timed out resolving to ObjectRef.")
+                return ({}, {})
+
+        return Response()
+
+
+def test_the_router_waits_for_a_slow_model_to_load_and_gives_up_on_a_failed_one() -> None:
+    """A model whose replicas still load is waited for; one Serve gave up on (or an application being
+    deleted) ends the wait with the reason, instead of holding the router's start until Serve kills it."""
+    slow = SlowSpecsHandle(polls=3)
+    backend = RayModelBackend("m", slow)
+    backend.start_failure = lambda: None  # type: ignore[method-assign]
+    backend.load()
+    assert len(slow.waits) == 4 and all(w is not None and w > 0 for w in slow.waits)
+
+    failed = SlowSpecsHandle(polls=10**6)
+    backend = RayModelBackend("m", failed)
+    reasons = iter([None, None, "model-m failed to start: BackendError: cannot read m.onnx"])
+    backend.start_failure = lambda: next(reasons)  # type: ignore[method-assign]
+    with pytest.raises(BackendError) as info:
+        backend.load()
+    assert len(failed.waits) == 3
+    assert str(info.value).startswith(
+        "model 'm': the router cannot read its contracts: model-m failed to start: BackendError: cannot read m.onnx"
+    )
+    assert "fix:" in str(info.value)
+
+
 class BatchingReplicaHandle:
     """Answers like a model replica whose @serve.batch put every two items in one backend call:
     the first item of each call carries that call's BatchEvent."""
@@ -159,7 +204,7 @@ class ReplicaStandIn:
         class Specs:
             def remote(self) -> Any:
                 class Done:
-                    def result(self) -> Any:
+                    def result(self, timeout_s: float | None = None) -> Any:
                         return outer.ins, outer.outs
 
                 return Done()

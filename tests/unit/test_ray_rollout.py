@@ -9,7 +9,7 @@ import pytest
 
 from usg.errors import StateError
 from usg.scale.ray_options import PlannedDeployment
-from usg.scale.ray_rollout import describe, unfit_deployments, wait_until_running
+from usg.scale.ray_rollout import deployment_failure, describe, unfit_deployments, wait_until_running
 
 
 def planned(name: str, cpus: float = 0, gpus: float = 0, replicas: int = 1, auto: bool = False) -> PlannedDeployment:
@@ -98,3 +98,16 @@ def test_running_returns_and_healthy_deployments_are_not_listed() -> None:
     final = Status({"g": App("RUNNING", {"a": Dep("HEALTHY")})})
     wait_until_running("g", timeout_s=5, status=lambda: next(calls, final), poll_s=0.01)
     assert describe(App("RUNNING", {"a": Dep("HEALTHY")})) == ""
+
+
+def test_a_deployment_that_may_still_come_up_is_no_failure_and_one_serve_gave_up_on_is() -> None:
+    loading = Status({"g": App("DEPLOYING", {"model-m": Dep("UPDATING", {"STARTING": 1}), "router": Dep("UPDATING")})})
+    assert deployment_failure("g", "model-m", lambda: loading) is None
+    failed = Status({"g": App("DEPLOY_FAILED", {"model-m": Dep("DEPLOY_FAILED", message=TRACEBACK)})})
+    assert deployment_failure("g", "model-m", lambda: failed) == (
+        "model-m failed to start: The deployment failed to start 3 times in a row: "
+        "usg.errors.BackendError: model 'm': cannot load /models/m.onnx: No such file"
+    )
+    deleting = Status({"g": App("DELETING", {"model-m": Dep("UPDATING")})})
+    assert deployment_failure("g", "model-m", lambda: deleting) == "its application 'g' is being deleted"
+    assert deployment_failure("g", "model-m", lambda: Status({})) == "its application 'g' no longer exists"

@@ -35,6 +35,8 @@ log = logging.getLogger("usg.scale.ray")
 # Serve replaces a dead replica within seconds; keep retrying (backing off to 1 s) for this long
 # — the request's own deadline still applies, it cancels the wait
 _RETRY_WINDOW_S = 20.0
+# while the router waits for a model's contracts at start, how often it checks the deployment failed
+_SPECS_POLL_S = 1.0
 
 
 def _backoffs() -> Iterator[float]:
@@ -143,9 +145,34 @@ class RayModelBackend(DeclaredSpecsBackend):
         return out
 
     def load(self) -> None:
-        """Ask the deployment for its model's contracts (called in a worker thread at start)."""
-        self._in, self._out = self.retry.sync(lambda: self.handle.specs.remote().result())
+        """Ask the deployment for its model's contracts (called in a worker thread at start).
+
+        Waits as long as the model's replicas take to load, but not for a deployment Serve gave
+        up on or an application being deleted: the wait would hold this router replica's start
+        until Serve's graceful-shutdown timeout (20 s) kills it."""
+        self._in, self._out = self.retry.sync(self._specs)
         self.state = BackendState.LOADED
+
+    def _specs(self) -> Any:
+        response = self.handle.specs.remote()
+        while True:
+            try:
+                return response.result(timeout_s=_SPECS_POLL_S)
+            except TimeoutError:
+                why = self.start_failure()
+                if why is not None:
+                    raise BackendError(
+                        f"model {self.model!r}: the router cannot read its contracts: {why}; "
+                        "fix: the model deployment's own error is in `serve status` and its replica logs"
+                    ) from None
+
+    def start_failure(self) -> str | None:
+        """Why the model's deployment will never answer (see ray_rollout.deployment_failure)."""
+        from ray import serve
+
+        from usg.scale.ray_rollout import deployment_failure
+
+        return deployment_failure(self.handle.app_name, self.handle.deployment_name, serve.status)
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         item = dict(inputs)

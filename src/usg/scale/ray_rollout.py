@@ -20,7 +20,7 @@ from typing import Any
 from usg.errors import StateError, UsageError
 from usg.scale.ray_options import PlannedDeployment
 
-__all__ = ["Unfit", "check_fits", "describe", "unfit_deployments", "wait_until_running"]
+__all__ = ["Unfit", "check_fits", "deployment_failure", "describe", "unfit_deployments", "wait_until_running"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,21 @@ def wait_until_running(
             if pending:
                 progress(f"waiting for {', '.join(sorted(pending))}")
         time.sleep(poll_s)
+
+
+def deployment_failure(app_name: str, deployment: str, status: Callable[[], Any]) -> str | None:
+    """Why ``deployment`` of ``app_name`` will not answer: Serve gave up starting it
+    (DEPLOY_FAILED, with its replicas' error), or its application is being deleted or gone;
+    None while it may still come up (replicas loading or waiting for resources)."""
+    app = status().applications.get(app_name)
+    if app is None:
+        return f"its application {app_name!r} no longer exists"
+    app_state = str(getattr(app.status, "value", app.status))
+    if app_state == "DELETING":
+        return f"its application {app_name!r} is being deleted"
+    d = app.deployments.get(deployment)
+    if d is None:
+        return f"the application {app_name!r} has no deployment {deployment!r}"
+    if str(getattr(d.status, "value", d.status)) == "DEPLOY_FAILED":
+        return f"{deployment} failed to start: {_essence(str(d.message or ''))}"
+    return None
