@@ -261,7 +261,7 @@ def _bodies(ctx: _Ctx, renderer: Renderer) -> list[bytes]:
 
 def test_a_batch_of_events_is_one_body_piece_in_order_and_a_lone_token_its_own() -> None:
     result = InferResult(outputs={"answer": "abc"})
-    tokens = [TokenDelta("answer", t) for t in "abc"]
+    tokens: list[ExecutionEvent] = [TokenDelta("answer", t) for t in "abc"]
     batches: list[list[ExecutionEvent]] = [
         [NodeFinished("prompt", 0.5)],
         tokens[:2],
