@@ -93,3 +93,17 @@ def test_a_huge_delta_is_cut_off_by_characters() -> None:
     reader.feed(big)  # within 1 KiB a token + 64 KiB
     with pytest.raises(BackendError, match="characters"):
         reader.feed(big)
+
+
+def test_usage_null_on_every_chunk_and_the_usage_of_the_last() -> None:
+    """vLLM sends ``"usage": null`` on each chunk and the usage on the last one."""
+
+    def chunk(content: str | None, finish: str | None, usage: dict[str, int] | None) -> bytes:
+        delta = {} if content is None else {"content": content}
+        doc = {"id": "c1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": usage}
+        return f"data: {json.dumps(doc)}\n\n".encode()
+
+    usage = {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}
+    text, call = _read([chunk("a", None, None), chunk("b", None, None), chunk(None, "length", usage)])
+    assert text == "ab"
+    assert (call.prompt_tokens, call.completion_tokens, call.finish_reason, call.deltas) == (11, 2, "length", 2)

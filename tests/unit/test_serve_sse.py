@@ -1,5 +1,6 @@
 """The SSE response on its own, driven as an ASGI app: keep-alive comments while the producer is
-silent, and a client disconnect closing the producer and freeing the slot (``on_close``)."""
+silent, a client disconnect closing the producer and freeing the slot (``on_close``), the body
+sent through the scope's raw ``send``, and events that arrived together sent as one piece."""
 
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ import pytest
 pytest.importorskip("starlette")
 
 from usg.errors import BackendError
-from usg.runtime.events import EventSink, Finished, NodeFinished, TokenDelta, stream_events
+from usg.runtime.events import (
+    EventSink,
+    ExecutionEvent,
+    Finished,
+    NodeFinished,
+    TokenDelta,
+    stream_event_batches,
+    stream_events,
+)
 from usg.runtime.result import InferResult
-from usg.serve.infer_stream import v1_renderer
-from usg.serve.sse import HEARTBEAT, EventStreamResponse, sse_data, sse_event
+from usg.serve.infer_stream import Renderer, event_stream, v1_renderer
+from usg.serve.sse import HEARTBEAT, RAW_SEND, EventStreamResponse, sse_data, sse_event
 
 SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}}
 
@@ -148,3 +157,189 @@ def test_closing_stream_events_early_cancels_the_run() -> None:
         assert cancelled.is_set()
 
     asyncio.run(main())
+
+
+def test_the_head_goes_through_send_and_the_body_through_the_raw_send() -> None:
+    """Starlette's error layers see the response start; each body piece skips them."""
+
+    async def run() -> tuple[list[str], list[str]]:
+        wrapped: list[str] = []
+        raw: list[str] = []
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            yield b"data: 1\n\n"
+            yield b"data: 2\n\n"
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            wrapped.append(message["type"])
+
+        async def raw_send(message: dict[str, Any]) -> None:
+            raw.append(message["type"] if message["type"] != "http.response.body" else message["body"].decode())
+
+        async with asyncio.timeout(10):
+            await EventStreamResponse(chunks())({**SCOPE, RAW_SEND: raw_send}, receive, send)
+        return wrapped, raw
+
+    assert asyncio.run(run()) == (["http.response.start"], ["data: 1\n\n", "data: 2\n\n", ""])
+
+
+def test_event_batches_hand_over_what_arrived_together_and_a_lone_event_at_once() -> None:
+    result = InferResult(outputs={"a": 1})
+
+    async def main(fail: bool) -> list[list[ExecutionEvent]]:
+        gates = [asyncio.Event(), asyncio.Event()]
+
+        async def run(sink: EventSink) -> InferResult:
+            for i in range(3):  # in one loop step: one batch
+                sink(TokenDelta("n", str(i)))
+            await gates[0].wait()
+            sink(TokenDelta("n", "3"))  # alone: handed over while the run still waits
+            await gates[1].wait()
+            sink(NodeFinished("n", 1.0))
+            if fail:
+                raise BackendError("engine down")
+            return result
+
+        seen: list[list[ExecutionEvent]] = []
+        with contextlib.suppress(BackendError):
+            async with asyncio.timeout(10):
+                async for batch in stream_event_batches(run):
+                    seen.append(batch)
+                    if len(seen) <= 2:
+                        gates[len(seen) - 1].set()
+        return seen
+
+    tokens = [TokenDelta("n", str(i)) for i in range(4)]
+    assert asyncio.run(main(False)) == [tokens[:3], [tokens[3]], [NodeFinished("n", 1.0), Finished(result)]]
+    assert asyncio.run(main(True)) == [tokens[:3], [tokens[3]], [NodeFinished("n", 1.0)]]
+
+
+class _Ctx:
+    """What :func:`event_stream` uses of a ServeContext: ``stream`` (here: fixed batches) and the
+    rejection metric."""
+
+    def __init__(self, batches: list[list[ExecutionEvent]]) -> None:
+        self.batches = batches
+        self.metrics = self
+        self.rejected: list[str] = []
+
+    def stream(self, raw: object, request_id: str, expected: object) -> AsyncGenerator[list[ExecutionEvent], None]:
+        async def gen() -> AsyncGenerator[list[ExecutionEvent], None]:
+            for batch in self.batches:
+                await asyncio.sleep(0)
+                yield batch
+
+        return gen()
+
+    def reject(self, reason: str) -> None:
+        self.rejected.append(reason)
+
+
+def _bodies(ctx: _Ctx, renderer: Renderer) -> list[bytes]:
+    async def run() -> list[bytes]:
+        bodies: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                bodies.append(message["body"])
+
+        response = await event_stream(ctx, {}, "r1", None, renderer)  # type: ignore[arg-type]
+        async with asyncio.timeout(10):
+            await response(SCOPE, receive, send)
+        return bodies
+
+    return asyncio.run(run())
+
+
+def test_a_batch_of_events_is_one_body_piece_in_order_and_a_lone_token_its_own() -> None:
+    result = InferResult(outputs={"answer": "abc"})
+    tokens: list[ExecutionEvent] = [TokenDelta("answer", t) for t in "abc"]
+    batches: list[list[ExecutionEvent]] = [
+        [NodeFinished("prompt", 0.5)],
+        tokens[:2],
+        [tokens[2]],
+        [NodeFinished("answer", 9.0), Finished(result)],
+    ]
+    renderer = v1_renderer("r1")
+    bodies = _bodies(_Ctx(batches), renderer)
+    expected = [b"".join(renderer.event(e) or b"" for e in batch) for batch in batches]
+    assert bodies == [*expected, b""]
+    # what the client reads: every event, in order, the result last
+    wire = b"".join(bodies).decode()
+    assert [line for line in wire.split("\n") if line.startswith("event:")] == [
+        "event: node",
+        "event: token",
+        "event: token",
+        "event: token",
+        "event: node",
+        "event: result",
+    ]
+    assert '"text":"a"' in wire.split("event: token")[1] and '"text":"c"' in wire.split("event: token")[3]
+
+
+def test_a_batch_whose_event_fails_to_render_sends_those_before_it_then_the_error() -> None:
+    class Failing(Renderer):
+        def __init__(self) -> None:
+            self.inner = v1_renderer("r1")
+
+        def event(self, event: ExecutionEvent) -> bytes | None:
+            if isinstance(event, NodeFinished) and event.node == "bad":
+                raise BackendError("cannot render")
+            return self.inner.event(event)
+
+        def error(self, exc: BackendError) -> bytes:  # type: ignore[override]
+            return self.inner.error(exc)
+
+    tokens = [TokenDelta("answer", t) for t in "ab"]
+    ctx = _Ctx([[tokens[0]], [tokens[1], NodeFinished("bad", 1.0), NodeFinished("never", 1.0)]])
+    renderer = Failing()
+    bodies = _bodies(ctx, renderer)
+    assert bodies[:2] == [renderer.event(tokens[0]), renderer.event(tokens[1])]
+    assert bodies[2].startswith(b"event: error\n") and b"cannot render" in bodies[2]
+    assert bodies[3:] == [b""]
+
+
+def test_a_keep_alive_never_starts_while_an_event_is_being_sent() -> None:
+    """The pump's send to a slow reader and the heartbeat's never overlap (each message whole)."""
+
+    async def run() -> tuple[list[bytes], int]:
+        bodies: list[bytes] = []
+        busy = [0, 0]  # sends under way, most at once
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            for i in range(3):
+                yield f"data: {i}\n\n".encode()
+                await asyncio.sleep(0.03)  # silent: keep-alives are due
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] != "http.response.body":
+                return
+            busy[0] += 1
+            busy[1] = max(busy)
+            if message["body"].startswith(b"data:"):
+                await asyncio.sleep(0.03)  # a slow reader: the send is paused, past heartbeat_s
+            else:
+                await asyncio.sleep(0)
+            bodies.append(message["body"])
+            busy[0] -= 1
+
+        async with asyncio.timeout(10):
+            await EventStreamResponse(chunks(), heartbeat_s=0.01)(SCOPE, receive, send)
+        return bodies, busy[1]
+
+    bodies, most = asyncio.run(run())
+    assert most == 1
+    assert [b for b in bodies if b != HEARTBEAT] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert HEARTBEAT in bodies

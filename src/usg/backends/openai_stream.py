@@ -321,7 +321,7 @@ def _usual_chunk_text(data: str, call: CallRecorder) -> str | None:
     else:
         if choice.get("finish_reason"):
             call.finish_reason = str(choice["finish_reason"])
-        if "usage" in doc:
+        if doc.get("usage") is not None:  # not vLLM's "usage": null on every chunk
             call.chunk(doc)
     content = delta.get("content")
     return content if type(content) is str else ""

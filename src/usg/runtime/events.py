@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from usg.runtime.result import InferResult
 
-__all__ = ["EventSink", "ExecutionEvent", "Finished", "NodeFinished", "TokenCallback", "TokenDelta", "stream_events"]
+__all__ = [
+    "EventSink",
+    "ExecutionEvent",
+    "Finished",
+    "NodeFinished",
+    "TokenCallback",
+    "TokenDelta",
+    "stream_event_batches",
+    "stream_events",
+]
 
 
 @dataclass(frozen=True)
@@ -52,13 +61,30 @@ async def stream_events(run: Callable[[EventSink], Awaitable[InferResult]]) -> A
     raised here. Closing the iterator early (the client went away) cancels the run, which
     closes its engine connections. The buffer holds at most what the request produces (its
     nodes and its engines' ``max_tokens``), so it is bounded by the request itself.
+    (:func:`stream_event_batches`, one event at a time.)"""
+    batches = stream_event_batches(run)
+    try:
+        async for batch in batches:
+            for event in batch:
+                yield event
+    finally:
+        await batches.aclose()
+
+
+async def stream_event_batches(
+    run: Callable[[EventSink], Awaitable[InferResult]],
+) -> AsyncGenerator[list[ExecutionEvent], None]:
+    """:func:`stream_events`, each wake-up's events as one list (never empty, in order; the last
+    one ends with :class:`Finished`): what arrived while the reader was busy (a slow client, a
+    loaded event loop, an engine read that held several deltas) is handed over at once, so a
+    server can write it as one piece. A lone event is handed over as soon as it arrives.
 
     Per token this is the cheapest hand-over asyncio has: the sink appends to a list and wakes
     the reader only when it sleeps (one future a wake-up, not a queue's per item); the reader
     takes everything buffered at once, and a finished run ends the iterator in the same loop
     step as its result (no wait on a task that is already done)."""
     loop = asyncio.get_running_loop()
-    buffer: list[NodeFinished | TokenDelta] = []
+    buffer: list[ExecutionEvent] = []
     waiter: list[asyncio.Future[None] | None] = [None]
 
     def wake(_arg: object = None) -> None:
@@ -77,17 +103,24 @@ async def stream_events(run: Callable[[EventSink], Awaitable[InferResult]]) -> A
     task.add_done_callback(wake)
     try:
         while True:
+            if task.done():
+                break
             if buffer:
                 ready = buffer[:]
                 buffer.clear()
-                for event in ready:
-                    yield event
+                yield ready
                 continue
-            if task.done():
-                break
             fut = waiter[0] = loop.create_future()
             await fut
-        yield Finished(task.result())
+        ready = buffer[:]
+        buffer.clear()
+        if not task.cancelled() and task.exception() is None:
+            ready.append(Finished(task.result()))
+            yield ready
+            return
+        if ready:
+            yield ready
+        task.result()  # the run's error, raised here after the events that came before it
     finally:
         if not task.done():
             task.cancel()

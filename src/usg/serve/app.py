@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Receive, Scope, Send
 
 from usg.backends import Backend
 from usg.errors import StateError
@@ -28,6 +29,7 @@ from usg.serve.align_metrics import AlignMetrics
 from usg.serve.context import ServeConfig, ServeContext, ServeState
 from usg.serve.errors import exception_handlers, v1_error, v2_error
 from usg.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
+from usg.serve.sse import RAW_SEND
 from usg.serve.stream_ws import stream_routes
 from usg.serve.tracing import TracingObserver
 
@@ -35,6 +37,16 @@ if TYPE_CHECKING:
     from usg.monitor.addon import ServeAddon
 
 __all__ = ["ServeConfig", "ServeContext", "ServeState", "create_app"]
+
+
+class _App(Starlette):
+    """Starlette that notes in the scope the ``send`` it was given (:data:`usg.serve.sse.RAW_SEND`):
+    an event stream's body goes through it, past the error layers inside (they only watch the
+    response's start)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -117,6 +129,6 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers(v1_error))
+    app = _App(routes=routes, lifespan=lifespan, exception_handlers=handlers(v1_error))
     app.state.usg = ctx
     return app

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from usg.errors import StateError, USGError
 from usg.graph import Graph
 from usg.runtime import Executor, InferResult
-from usg.runtime.events import ExecutionEvent
+from usg.runtime.events import ExecutionEvent, stream_event_batches
 from usg.runtime.executor import ExecutorState
 from usg.serve.errors import DrainingError, InternalError, Unauthorized, rejection_reason
 from usg.serve.limits import BodyBudget, InflightGate, RequestLimits, check_content_length, declared_length, read_body
@@ -209,12 +209,17 @@ class ServeContext:
 
     def stream(
         self, raw: Mapping[str, Any], request_id: str, expect_sha256: Mapping[str, str] | None = None
-    ) -> AsyncGenerator[ExecutionEvent, None]:
-        """:meth:`infer` as events (:meth:`usg.runtime.Executor.stream`); closing it cancels the request."""
+    ) -> AsyncGenerator[list[ExecutionEvent], None]:
+        """:meth:`infer` as events (:meth:`usg.runtime.Executor.stream`), those that arrived together
+        as one list (:func:`usg.runtime.events.stream_event_batches`: a server writes each list as
+        one piece); closing it cancels the request."""
         for addon in self.addons:
             addon.note_raw(request_id, raw)
-        return self.executor.stream(
-            raw, request_id=request_id, timeout_s=self.config.timeout_s, expect_sha256=expect_sha256
+        timeout_s, infer = self.config.timeout_s, self.executor.infer
+        return stream_event_batches(
+            lambda sink: infer(
+                raw, timeout_s=timeout_s, request_id=request_id, expect_sha256=expect_sha256, events=sink
+            )
         )
 
     def count(self, request: Request, exc: USGError | None, status: int) -> None:

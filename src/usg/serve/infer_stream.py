@@ -71,9 +71,22 @@ async def event_stream(
     headers: dict[str, str] | None = None,
 ) -> EventStreamResponse:
     """Start the request and answer with its events (see the module docstring)."""
-    events = ctx.stream(raw, request_id, expected)
-    first = await anext(events)  # an error here propagates: an ordinary HTTP error response
-    return EventStreamResponse(_chunks(first, events, renderer, lambda exc: _count(ctx, exc)), headers=headers)
+    batches = ctx.stream(raw, request_id, expected)
+    first = await anext(batches)  # an error here propagates: an ordinary HTTP error response
+    return EventStreamResponse(_chunks(first, batches, renderer, lambda exc: _count(ctx, exc)), headers=headers)
+
+
+def _render(renderer: Renderer, batch: list[ExecutionEvent]) -> tuple[list[bytes], Exception | None]:
+    """The bytes of the batch's events, up to the first that failed to render (and its error)."""
+    parts: list[bytes] = []
+    for event in batch:
+        try:
+            chunk = renderer.event(event)
+        except Exception as exc:
+            return parts, exc
+        if chunk is not None:
+            parts.append(chunk)
+    return parts, None
 
 
 def _count(ctx: ServeContext, exc: USGError) -> None:
@@ -85,28 +98,38 @@ def _count(ctx: ServeContext, exc: USGError) -> None:
 
 
 async def _chunks(
-    first: ExecutionEvent,
-    events: AsyncGenerator[ExecutionEvent, None],
+    first: list[ExecutionEvent],
+    batches: AsyncGenerator[list[ExecutionEvent], None],
     renderer: Renderer,
     on_error: Callable[[USGError], None],
 ) -> AsyncGenerator[bytes, None]:
+    """The events as SSE bytes: the events that arrived together (a batch) as one piece, in
+    order, so deltas that piled up while the client or the loop was busy cost one send and one
+    write; a batch of one event (a lone token) is sent as soon as it came."""
     failure: USGError | None = None
     try:
-        event = first
+        batch = first
         while True:
-            chunk = renderer.event(event)
-            if chunk is not None:
-                yield chunk
-            if isinstance(event, Finished):
+            if len(batch) == 1:  # the usual batch while tokens trickle in
+                chunk = renderer.event(batch[0])
+                if chunk is not None:
+                    yield chunk
+            else:
+                parts, error = _render(renderer, batch)
+                if parts:
+                    yield b"".join(parts)
+                if error is not None:  # after what was rendered before it
+                    raise error
+            if isinstance(batch[-1], Finished):
                 return
-            event = await anext(events)
+            batch = await anext(batches)
     except USGError as exc:
         failure = exc
     except Exception as exc:  # a bug: logged with its traceback, sent without internals
         log.exception("streamed request failed")
         failure = InternalError(f"internal error ({type(exc).__name__})")
     finally:
-        await events.aclose()  # cancels the request if the client went away
+        await batches.aclose()  # cancels the request if the client went away
     assert failure is not None
     on_error(failure)
     yield renderer.error(failure)

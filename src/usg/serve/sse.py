@@ -20,9 +20,14 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["HEARTBEAT", "EventStreamResponse", "json_str", "sse_data", "sse_event"]
+__all__ = ["HEARTBEAT", "RAW_SEND", "EventStreamResponse", "json_str", "sse_data", "sse_event"]
 
 HEARTBEAT = b": keep-alive\n\n"
+#: the scope key under which usg's app keeps the ``send`` its server gave it: an event stream sends
+#: its head through the app's own ``send`` (Starlette's error layers note that the response
+#: started) and each body piece straight through this one (those layers only pass body messages
+#: on, one coroutine each a token)
+RAW_SEND = "usg.raw_send"
 
 
 #: ``json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`` without
@@ -67,18 +72,11 @@ class EventStreamResponse(Response):
         self._on_close.append(fn)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        lock = asyncio.Lock()
-        last_sent = [time.monotonic()]
-
-        async def emit(body: bytes, more: bool = True) -> None:
-            async with lock:
-                await send({"type": "http.response.body", "body": body, "more_body": more})
-            last_sent[0] = time.monotonic()
-
+        out = _Out(send, scope.get(RAW_SEND, send))
         start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         try:
-            producer = asyncio.create_task(self._pump(send, start, emit), context=self._context)
-            watchers = [asyncio.create_task(_disconnected(receive)), asyncio.create_task(self._beat(emit, last_sent))]
+            producer = asyncio.create_task(self._pump(out, start), context=self._context)
+            watchers = [asyncio.create_task(_disconnected(receive)), asyncio.create_task(self._beat(out))]
             try:
                 await asyncio.wait([producer, watchers[0]], return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -89,23 +87,53 @@ class EventStreamResponse(Response):
             for fn in self._on_close:
                 fn()
 
-    async def _pump(self, send: Send, start: dict[str, Any], emit: Callable[..., Any]) -> None:
+    async def _pump(self, out: _Out, start: dict[str, Any]) -> None:
         # the head goes in the same loop step as the first event: one write (usg serve joins a
         # step's writes), one wake-up of the client
-        await send(start)
+        await out.send(start)
+        body_send, beat = out.body_send, out.beat
         async with contextlib.aclosing(self.chunks) as chunks:
-            async for chunk in chunks:
-                await emit(chunk)
-        await emit(b"", False)
+            async for chunk in chunks:  # once per token: no lock unless a heartbeat is being sent
+                message = {"type": "http.response.body", "body": chunk, "more_body": True}
+                if beat.locked():
+                    async with beat:
+                        await body_send(message)
+                else:
+                    out.sending = True
+                    await body_send(message)
+                    out.sending = False
+                out.last_sent = time.monotonic()
+        async with beat:
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _beat(self, emit: Callable[..., Any], last_sent: list[float]) -> None:
-        """A keep-alive comment whenever nothing was sent for ``heartbeat_s`` (proxies drop idle streams)."""
+    async def _beat(self, out: _Out) -> None:
+        """A keep-alive comment whenever nothing was sent for ``heartbeat_s`` (proxies drop idle
+        streams); none while an event is being sent (its bytes are under way)."""
         while True:
-            idle = time.monotonic() - last_sent[0]
-            if idle >= self.heartbeat_s:
-                await emit(HEARTBEAT)
-                continue
-            await asyncio.sleep(self.heartbeat_s - idle)
+            idle = time.monotonic() - out.last_sent
+            if idle < self.heartbeat_s:
+                await asyncio.sleep(self.heartbeat_s - idle)
+            elif out.sending:  # an event is under way (to a slow reader): it counts as sent
+                out.last_sent = time.monotonic()
+            else:
+                async with out.beat:
+                    await out.body_send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+                out.last_sent = time.monotonic()
+
+
+class _Out:
+    """One event stream's sending side: the ASGI ``send`` (the head), the ``send`` its body goes
+    through (:data:`RAW_SEND` when the app put one in the scope), and what keeps the pump's and the
+    heartbeat's messages whole and apart: ``sending`` (the pump is inside a send) and ``beat`` (a
+    lock the heartbeat holds while it sends, the pump takes only then)."""
+
+    __slots__ = ("beat", "body_send", "last_sent", "send", "sending")
+
+    def __init__(self, send: Send, body_send: Send) -> None:
+        self.send, self.body_send = send, body_send
+        self.beat = asyncio.Lock()
+        self.sending = False
+        self.last_sent = time.monotonic()
 
 
 async def _disconnected(receive: Receive) -> None:
