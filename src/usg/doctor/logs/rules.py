@@ -305,7 +305,7 @@ def _ort_rank(m: re.Match[str]) -> Explained:
     "onnxruntime",
     "no kernel for op",
     R.UNSUPPORTED_OP,
-    r"Could not find an implementation for (?P<op>\w+)\((?P<ver>\d+)\)(?: node with name '(?P<node>[^']*)')?",
+    r"Could not find an implementation for (?:the node )?(?P<op>\w+)\((?P<ver>\d+)\)(?: node with name '(?P<node>[^']*)')?",
 )
 def _ort_kernel(m: re.Match[str]) -> Explained:
     node = f" (node {m['node']!r})" if m["node"] is not None else ""

@@ -167,10 +167,19 @@ def _trt_int64(m: re.Match[str]) -> Explained:
     "no importer for op",
     R.UNSUPPORTED_OP,
     r"(?:No importer registered for op: (?P<op>\w+)|getPluginCreator could not find plugin:? "
-    r"(?P<plugin>\w+))",
+    r"(?P<plugin>\w+)"
+    # TensorRT 8.5+: an op with no importer falls back to a plugin of its name, and no such plugin is registered
+    r"|(?:importFallbackPluginImporter|creator && \")[^\n]{0,80}\n?[^\n]{0,80}?Plugin not found)",
 )
 def _trt_op(m: re.Match[str]) -> Explained:
     op = m["op"] or m["plugin"]
+    if op is None:  # the fallback: the op's name is on the parser's "While parsing node number N [Op -> ...]" line
+        return Explained(
+            "the TensorRT ONNX parser has no importer for an op of this model and no plugin of its name is registered",
+            "upgrade TensorRT, export with an opset whose form of the op TensorRT supports, or register a plugin "
+            "for the op (the parser's 'While parsing node' line names it)",
+            {"op": None},
+        )
     return Explained(
         f"the TensorRT ONNX parser cannot import op {op}",
         "upgrade TensorRT, export with an opset whose form of the op TensorRT supports, or provide a plugin",
@@ -485,4 +494,83 @@ def _plugin_layout(m: re.Match[str]) -> Explained:
         "rebuild the engine with the TensorRT-LLM version of the runtime / tensorrtllm_backend image (see its "
         "support matrix), or run the runtime version that built it",
         {"plugin": m["plugin"], "source": m["file"]},
+    )
+
+
+@_rule(
+    "LOG077",
+    "triton",
+    "model directory without a usable configuration",
+    R.CONFIG_INVALID,
+    r"(?:Poll failed for\s+model directory '(?P<dir>[^'\n]*)':\s+)?"
+    r"(?:failed to open text file for read (?P<path>[^\s:]*config\.pbtxt):? No such file"
+    r"|(?:Invalid model name:\s+)?Could not determine backend\s+for model '(?P<model>[^'\n]*)' with no backend)",
+)
+def _triton_no_config(m: re.Match[str]) -> Explained:
+    if m["path"]:
+        return Explained(
+            f"the model directory has no config.pbtxt ({m['path']}) and the server does not generate one for it",
+            "add config.pbtxt to the model directory (platform/backend, inputs, outputs), or start the server with "
+            "auto-complete of the configuration (--disable-auto-complete-config off / --strict-model-config=false) "
+            "for a backend that can derive it from the model file",
+            {"model_directory": m["dir"], "config_path": m["path"]},
+        )
+    return Explained(
+        f"the configuration of model {m['model']!r} names neither a backend nor a platform, and the model name does "
+        "not say one ('model.<backend>')",
+        "set backend (e.g. backend: \"onnxruntime\", \"python\") or platform in config.pbtxt",
+        {"model_directory": m["dir"], "model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG078",
+    "triton",
+    "request shape outside the TensorRT engine's profile",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"(?:trt )?failed to set binding dimension to \[(?P<dims>[-\d, ]+)\] for input '(?P<input>[^'\n]+)'",
+)
+def _trt_binding(m: re.Match[str]) -> Explained:
+    dims = [int(d) for d in m["dims"].replace(" ", "").split(",") if d]
+    return Explained(
+        f"the TensorRT engine does not take input {m['input']!r} with shape {dims}: the shape is outside the "
+        "engine's optimization profile (or the engine was built with fixed shapes)",
+        "build the engine with a profile covering this shape (trtexec --minShapes/--optShapes/--maxShapes), or "
+        "send shapes (and a max_batch_size) inside the profile it was built with",
+        {"input": m["input"], "shape": dims},
+    )
+
+
+@_rule(
+    "LOG079",
+    "llm server",
+    "context length beyond the model's",
+    R.CONFIG_INVALID,
+    r"User-specified (?P<key>max_model_len|context_length|max_seq_len) \((?P<user>\d+)\) is greater than the "
+    r"derived (?:max_model_len|context_length|max_seq_len) \((?P<derived>[^)\n]*)\)",
+)
+def _context_beyond_model(m: re.Match[str]) -> Explained:
+    limit = re.findall(r"\d+", m["derived"])
+    return Explained(
+        f"{m['key']} {m['user']} is longer than the context the model's config.json declares ({m['derived']})",
+        f"set {m['key']} to at most the model's context{f' ({limit[-1]})' if limit else ''}, or use a model "
+        "(or rope scaling) made for the longer context; overriding the check risks wrong outputs",
+        {m["key"]: int(m["user"]), "model_context": int(limit[-1]) if limit else None, "derived": m["derived"]},
+    )
+
+
+@_rule(
+    "LOG080",
+    "optimum",
+    "exporter has no configuration for the architecture",
+    R.UNSUPPORTED_OP,
+    r"Trying to export a (?P<model_type>[\w.-]+) model, that is a custom or unsupported architecture",
+)
+def _exporter_architecture(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the exporter has no export configuration for model type {m['model_type']!r} (a custom or unsupported "
+        "architecture)",
+        "pass a custom export configuration for it (custom_onnx_configs / custom_export_configs), or use a release "
+        "of the exporter that supports the architecture if one does",
+        {"model_type": m["model_type"]},
     )
