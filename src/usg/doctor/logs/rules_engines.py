@@ -528,9 +528,17 @@ def _triton_no_config(m: re.Match[str]) -> Explained:
     "triton",
     "request shape outside the TensorRT engine's profile",
     R.DYNAMIC_SHAPE_FIXED,
-    r"(?:trt )?failed to set binding dimension to \[(?P<dims>[-\d, ]+)\] for input '(?P<input>[^'\n]+)'",
+    r"(?:trt )?failed to set binding dimension to \[(?P<dims>[-\d, ]+)\] for input '(?P<input>[^'\n]+)'"
+    r"|(?P<runtime>Runtime dimension does not satisfy any optimization profile)",
 )
 def _trt_binding(m: re.Match[str]) -> Explained:
+    if m["runtime"]:  # TensorRT 8.5+'s setInputShape: no shape in the message
+        return Explained(
+            "an input shape set at run time is outside every optimization profile the TensorRT engine was built with",
+            "build the engine with profiles covering the shapes sent (trtexec --minShapes/--optShapes/--maxShapes; "
+            "for TensorRT-LLM the build's max input/output lengths and batch size), or keep requests inside them",
+            {"input": None, "shape": None},
+        )
     dims = [int(d) for d in m["dims"].replace(" ", "").split(",") if d]
     return Explained(
         f"the TensorRT engine does not take input {m['input']!r} with shape {dims}: the shape is outside the "
@@ -573,4 +581,44 @@ def _exporter_architecture(m: re.Match[str]) -> Explained:
         "pass a custom export configuration for it (custom_onnx_configs / custom_export_configs), or use a release "
         "of the exporter that supports the architecture if one does",
         {"model_type": m["model_type"]},
+    )
+
+
+@_rule(
+    "LOG083",
+    "tensorrt",
+    "batch larger than the implicit-batch engine's maximum",
+    R.BATCH_DIM_CONFIG,
+    r"Batch size was: (?P<got>\d+), but engine max batch size was: (?P<max>\d+)"
+    r"|condition: batchSize > 0 &&\s*batchSize <= mEngine\.getMaxBatchSize\(\)"
+    r"(?:\.? ?Note: Batch size was: (?P<got2>\d+), but engine max batch size was: (?P<max2>\d+))?",
+)
+def _implicit_batch(m: re.Match[str]) -> Explained:
+    got, top = m["got"] or m["got2"], m["max"] or m["max2"]
+    sizes = f" ({got} sent, the engine takes at most {top})" if got else ""
+    return Explained(
+        f"the batch is larger than the maximum batch size the (implicit-batch) TensorRT engine was built with{sizes}",
+        "rebuild the engine with a larger max batch size (or an explicit-batch engine with a profile covering the "
+        "batch), or send smaller batches (Triton: max_batch_size in config.pbtxt no larger than the engine's)",
+        {"batch": int(got) if got else None, "engine_max_batch": int(top) if top else None},
+    )
+
+
+@_rule(
+    "LOG084",
+    "tensorrt-llm",
+    "engine and runtime from different TensorRT-LLM releases (engine tensors)",
+    R.VERSION_COUPLING,
+    r"The following expected tensors are not found:? ?(?P<tensors>\{[^}\n]{0,200})?"
+    r"|Input tensor '(?P<tensor>\w+)' not found; expected shape",
+)
+def _engine_tensors(m: re.Match[str]) -> Explained:
+    names = re.findall(r"'(\w+)'", m["tensors"] or "") or ([m["tensor"]] if m["tensor"] else [])
+    return Explained(
+        "the TensorRT-LLM runtime expects engine inputs/outputs the engine does not have"
+        + (f" ({', '.join(names[:4])})" if names else "")
+        + ": the engine was built by another TensorRT-LLM release (or its model code) than the runtime loading it",
+        "rebuild the engine with the TensorRT-LLM release the runtime (or the Triton backend) comes from, or run the "
+        "runtime of the release that built it",
+        {"tensors": names[:8] or None},
     )

@@ -282,3 +282,48 @@ def _tp_split(m: re.Match[str]) -> Explained:
         "and of the GPUs per node (e.g. restrict CUDA_VISIBLE_DEVICES), or use pipeline parallelism for the rest",
         ev,
     )
+
+
+@_rule(
+    "LOG081",
+    "pytorch",
+    "checkpoint written for torch.load's old default (weights_only)",
+    R.VERSION_COUPLING,
+    r"Weights only load failed\b(?P<rest>[^\n]*\n?[^\n]*\n?[^\n]*\n?[^\n]*)",
+)
+def _weights_only(m: re.Match[str]) -> Explained | None:
+    """PyTorch 2.6 made ``torch.load(weights_only=True)`` the default; its message says so. Without that sentence
+    (an older PyTorch, the caller asked for weights_only) the message names no release change."""
+    change = re.search(r"In PyTorch (?P<ver>\d+\.\d+), we changed the default value of the .?weights_only", m["rest"])
+    if change is None:
+        return None
+    glob = re.search(r"Unsupported global: GLOBAL (?P<g>[\w.]+)", m.string[m.start() : m.start() + 2000])
+    return Explained(
+        f"the checkpoint (or the code loading it) was written for torch.load's default before PyTorch "
+        f"{change['ver']}: the installed release loads weights only, and the file holds other objects"
+        + (f" ({glob['g']})" if glob else ""),
+        "if the file is trusted, load it with torch.load(..., weights_only=False) or allow its globals with "
+        "torch.serialization.add_safe_globals; or install the calling package's release made for this PyTorch "
+        f"(or PyTorch < {change['ver']})",
+        {"changed_in": change["ver"], "global": glob["g"] if glob else None},
+    )
+
+
+@_rule(
+    "LOG082",
+    "packages",
+    "installed package older than the minimum its caller needs",
+    R.VERSION_COUPLING,
+    r"(?P<pkg>[\w.-]+) with minimum required version (?P<min>\d+(?:\.\d+)+\w*) is not installed"
+    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,40}?"
+    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?",
+)
+def _minimum_version(m: re.Match[str]) -> Explained | None:
+    pkg, low, have = m["pkg"] or m["pkg2"], m["min"] or m["min2"], m["have2"]
+    if re.search(r"driver|cuda|nvidia|gpu|capability|python|sm_?\d", pkg, re.IGNORECASE):  # the machine, not a package
+        return None
+    return Explained(
+        f"{pkg} {low} or newer is required" + (f", {have} is installed" if have else " and is not installed"),
+        f"install {pkg}>={low} (the release the caller was written for)",
+        {"package": pkg, "minimum": low, "installed": have},
+    )
