@@ -189,7 +189,8 @@ _LIBRARIES = frozenset(
     "python",
     "module or name not importable",
     R.ENVIRONMENT,
-    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'?"  # the closing quote may be cut off
+    r"(?:ModuleNotFoundError: )?No module named (?:'(?P<mod>[\w.]+)'?|(?P<bare>[A-Za-z_][\w.]*))"  # the closing quote
+    # may be cut off; Python 2 and some wrappers print the name without quotes
     r"|(?:ImportError: )?cannot import name '(?P<name>\w+)' from (?P<partial>partially initiali[sz]ed module )?"
     r"'(?P<src>[\w.]+)'",
     also=(R.VERSION_COUPLING,),
@@ -213,7 +214,7 @@ def _import(m: re.Match[str]) -> Explained:
             {"name": m["name"], "module": m["src"]},
             R.VERSION_COUPLING,
         )
-    mod = m["mod"]
+    mod = m["mod"] or m["bare"]
     top = mod.split(".")[0]
     if hint := re.search(r"pip install\s+(?:\"[^\"\n]+\"|'[^'\n]+'|[^\s`'\"]+)", m.string[m.end() : m.end() + 200]):
         install = hint.group(0)  # the message names what to install: an extra or package left out of this install

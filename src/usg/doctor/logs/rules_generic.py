@@ -327,3 +327,58 @@ def _minimum_version(m: re.Match[str]) -> Explained | None:
         f"install {pkg}>={low} (the release the caller was written for)",
         {"package": pkg, "minimum": low, "installed": have},
     )
+
+
+@_rule(
+    "LOG085",
+    "native library",
+    "system C/C++ runtime older than the binary needs",
+    R.ENVIRONMENT,
+    r"version [`'‘]?(?P<sym>(?:GLIBC|GLIBCXX|CXXABI)_[\d.]+)['’]? not found(?: \(required by (?P<by>[^)\n]+)\))?",
+)
+def _old_system_runtime(m: re.Match[str]) -> Explained:
+    lib = "glibc" if m["sym"].startswith("GLIBC_") else "libstdc++"
+    return Explained(
+        f"the system's {lib} is older than the one {m['by'] or 'the binary'} was built against (it needs {m['sym']})",
+        f"run on a distribution (or container image) whose {lib} provides {m['sym']}, put a newer {lib} first on "
+        "LD_LIBRARY_PATH (e.g. conda's libstdcxx-ng), or install a build made for this system",
+        {"symbol_version": m["sym"], "required_by": m["by"]},
+    )
+
+
+@_rule(
+    "LOG086",
+    "native library",
+    "Windows DLL not found",
+    R.ENVIRONMENT,
+    r"DLL load failed(?: while importing (?P<mod>[\w.]+))?:?\s*(?P<why>The specified (?:module|procedure) could not "
+    r"be found|[^\n'\"]{0,80})",
+)
+def _dll_load(m: re.Match[str]) -> Explained | None:
+    if "procedure" in m["why"].lower():  # the DLL is there but lacks an entry point: another build, not a missing one
+        return None
+    what = f" (importing {m['mod']})" if m["mod"] else ""
+    return Explained(
+        f"Windows could not load a DLL the native module needs{what}: a runtime it depends on (the Visual C++ "
+        "redistributable, CUDA/cuDNN, the engine's own libraries) is not installed or not on PATH",
+        "install the Visual C++ redistributable and the CUDA/cuDNN (or engine) runtime the package was built for, and "
+        "add their bin directories to PATH (Python 3.8+: os.add_dll_directory)",
+        {"module": m["mod"]},
+    )
+
+
+@_rule(
+    "LOG087",
+    "transformers",
+    "package registers a name the installed transformers already has",
+    R.VERSION_COUPLING,
+    r"['‘](?:<class ['‘])?(?P<name>[\w.]+)(?:['’]>)?['’] is already used by a Transformers (?P<kind>model|config)",
+)
+def _registered_twice(m: re.Match[str]) -> Explained:
+    name = m["name"].rsplit(".", 1)[-1]
+    return Explained(
+        f"a package registers {name} with transformers' Auto classes, and the installed transformers already has a "
+        f"{m['kind']} under that name: transformers is newer than the release the package was written for",
+        "install the transformers version the package pins (or a release of the package made for this transformers)",
+        {"name": name, "registered": m["kind"]},
+    )
