@@ -529,9 +529,21 @@ def _triton_no_config(m: re.Match[str]) -> Explained:
     "request shape outside the TensorRT engine's profile",
     R.DYNAMIC_SHAPE_FIXED,
     r"(?:trt )?failed to set binding dimension to \[(?P<dims>[-\d, ]+)\] for input '(?P<input>[^'\n]+)'"
-    r"|(?P<runtime>Runtime dimension does not satisfy any optimization profile)",
+    r"|(?P<runtime>Runtime dimension does not satisfy any optimization profile)"
+    # TensorRT-LLM's Python runtime: "Couldn't assign past_key_value_0 with shape torch.Size([...]), engine supports
+    # [min, opt, max] = [...]"
+    r"|Couldn't assign (?P<input2>\w+) with shape (?:torch\.Size\()?\[?(?P<dims2>[-\d, ]+)\]?\)?,? engine supports",
 )
 def _trt_binding(m: re.Match[str]) -> Explained:
+    if m["input2"]:
+        dims2 = [int(d) for d in m["dims2"].replace(" ", "").split(",") if d]
+        return Explained(
+            f"the TensorRT-LLM engine does not take {m['input2']!r} with shape {dims2}: the shape is outside the "
+            "range its optimization profile was built for (max batch size, input/output or sequence lengths)",
+            "rebuild the engine with limits covering the request (trtllm-build --max_batch_size/--max_input_len/"
+            "--max_seq_len), or keep requests inside the limits it was built with",
+            {"input": m["input2"], "shape": dims2},
+        )
     if m["runtime"]:  # TensorRT 8.5+'s setInputShape: no shape in the message
         return Explained(
             "an input shape set at run time is outside every optimization profile the TensorRT engine was built with",
@@ -572,9 +584,17 @@ def _context_beyond_model(m: re.Match[str]) -> Explained:
     "optimum",
     "exporter has no configuration for the architecture",
     R.UNSUPPORTED_OP,
-    r"Trying to export a (?P<model_type>[\w.-]+) model, that is a custom or unsupported architecture",
+    r"Trying to export a (?P<model_type>[\w.-]+) model, that is a custom or unsupported architecture"
+    r"|Tried to use ORTOptimizer for the model type (?P<opt_type>[\w.-]+), but it is not available yet",
 )
 def _exporter_architecture(m: re.Match[str]) -> Explained:
+    if m["opt_type"]:
+        return Explained(
+            f"optimum's ONNX Runtime optimizer has no support for model type {m['opt_type']!r}",
+            "export without graph optimization (or optimize with onnxruntime.transformers.optimizer directly), or use "
+            "an optimum release that supports the model type if one does",
+            {"model_type": m["opt_type"]},
+        )
     return Explained(
         f"the exporter has no export configuration for model type {m['model_type']!r} (a custom or unsupported "
         "architecture)",
@@ -591,10 +611,12 @@ def _exporter_architecture(m: re.Match[str]) -> Explained:
     R.BATCH_DIM_CONFIG,
     r"Batch size was: (?P<got>\d+), but engine max batch size was: (?P<max>\d+)"
     r"|condition: batchSize > 0 &&\s*batchSize <= mEngine\.getMaxBatchSize\(\)"
-    r"(?:\.? ?Note: Batch size was: (?P<got2>\d+), but engine max batch size was: (?P<max2>\d+))?",
+    r"(?:\.? ?Note: Batch size was: (?P<got2>\d+), but engine max batch size was: (?P<max2>\d+))?"
+    # Triton's TensorRT backend: config.pbtxt's max_batch_size above the plan's
+    r"|unexpected configuration maximum batch size (?P<got3>\d+) for '[^'\n]*', model maximum is (?P<max3>\d+)",
 )
 def _implicit_batch(m: re.Match[str]) -> Explained:
-    got, top = m["got"] or m["got2"], m["max"] or m["max2"]
+    got, top = m["got"] or m["got2"] or m["got3"], m["max"] or m["max2"] or m["max3"]
     sizes = f" ({got} sent, the engine takes at most {top})" if got else ""
     return Explained(
         f"the batch is larger than the maximum batch size the (implicit-batch) TensorRT engine was built with{sizes}",
@@ -621,4 +643,22 @@ def _engine_tensors(m: re.Match[str]) -> Explained:
         "rebuild the engine with the TensorRT-LLM release the runtime (or the Triton backend) comes from, or run the "
         "runtime of the release that built it",
         {"tensors": names[:8] or None},
+    )
+
+
+@_rule(
+    "LOG091",
+    "triton",
+    "backend built for another Triton release (backend API version)",
+    R.VERSION_COUPLING,
+    r"Triton TRITONBACKEND API version: (?P<server>[\d.]+) does not support '(?P<backend>[\w-]+)' TRITONBACKEND API "
+    r"version: (?P<api>[\d.]+)",
+)
+def _backend_api(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the {m['backend']} backend was built for Triton backend API {m['api']}, and this server implements "
+        f"{m['server']}: backend and server come from different Triton releases",
+        f"use the {m['backend']} backend of the server's release (the same NGC image / the backend's release branch "
+        "matching the server), or a server of the backend's release",
+        {"backend": m["backend"], "server_api": m["server"], "backend_api": m["api"]},
     )

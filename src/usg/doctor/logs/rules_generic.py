@@ -351,19 +351,20 @@ def _old_system_runtime(m: re.Match[str]) -> Explained:
     "native library",
     "Windows DLL not found",
     R.ENVIRONMENT,
-    r"DLL load failed(?: while importing (?P<mod>[\w.]+))?:?\s*(?P<why>The specified (?:module|procedure) could not "
-    r"be found|[^\n'\"]{0,80})",
+    r"(?:DLL load failed(?: while importing (?P<mod>[\w.]+))?|Unable to load DLL '(?P<dll>[^'\n]+)'):?\s*"
+    r"(?P<why>The specified (?:module|procedure) could not be found|[^\n'\"]{0,80})",
 )
 def _dll_load(m: re.Match[str]) -> Explained | None:
+    m_mod = m["dll"] or m["mod"]  # .NET names the DLL, Python the module importing it
     if "procedure" in m["why"].lower():  # the DLL is there but lacks an entry point: another build, not a missing one
         return None
-    what = f" (importing {m['mod']})" if m["mod"] else ""
+    what = f" ({m_mod})" if m_mod else ""
     return Explained(
         f"Windows could not load a DLL the native module needs{what}: a runtime it depends on (the Visual C++ "
         "redistributable, CUDA/cuDNN, the engine's own libraries) is not installed or not on PATH",
         "install the Visual C++ redistributable and the CUDA/cuDNN (or engine) runtime the package was built for, and "
         "add their bin directories to PATH (Python 3.8+: os.add_dll_directory)",
-        {"module": m["mod"]},
+        {"module": m_mod},
     )
 
 
@@ -381,4 +382,91 @@ def _registered_twice(m: re.Match[str]) -> Explained:
         f"{m['kind']} under that name: transformers is newer than the release the package was written for",
         "install the transformers version the package pins (or a release of the package made for this transformers)",
         {"name": name, "registered": m["kind"]},
+    )
+
+
+@_rule(
+    "LOG088",
+    "torch.export",
+    "construct or op the exporter cannot trace",
+    R.UNSUPPORTED_OP,
+    r"torch\._dynamo\.exc\.Unsupported: (?P<what>[^\n]{1,200})|Unsupported FX nodes: (?P<fx>\{[^\n]{1,300})",
+)
+def _dynamo_unsupported(m: re.Match[str]) -> Explained:
+    what = (m["what"] or m["fx"]).strip()
+    ops = re.findall(r"aten[._]\w+(?:\.\w+)?", what)
+    return Explained(
+        f"the exporter (TorchDynamo / torch.export) does not support what the model does: {what[:160]}",
+        "rewrite that part of the model with supported ops, register a custom op / decomposition (or an ONNX "
+        "translation) for it, or export with the TorchScript exporter (dynamo=False) where it supports the op",
+        {"unsupported": what[:200], "ops": ops[:6] or None},
+    )
+
+
+@_rule(
+    "LOG089",
+    "transformers",
+    "model class without the requested attention implementation",
+    R.UNSUPPORTED_OP,
+    r"(?P<model>\w+) does not support (?P<impl>Flash Attention 2(?:\.0)?|an attention implementation through "
+    r"torch\.nn\.functional\.scaled_dot_product_attention|SDPA|Flex Attention) yet",
+)
+def _attention_impl(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"{m['model']} has no {m['impl']} implementation",
+        "load it with attn_implementation=\"eager\" (or another implementation it supports)",
+        {"model": m["model"], "attention": m["impl"]},
+    )
+
+
+@_rule(
+    "LOG090",
+    "cuda",
+    "CUDA cannot count the GPUs (driver or GPU setup)",
+    R.ENVIRONMENT,
+    r"Unexpected error from cudaGetDeviceCount\(\)(?:[^\n]{0,200}?Error (?P<code>\d+): (?P<why>[^\n.]+))?",
+)
+def _device_count(m: re.Match[str]) -> Explained:
+    why = f" (error {m['code']}: {m['why'].strip()})" if m["code"] else ""
+    return Explained(
+        f"the CUDA runtime cannot query the GPUs{why}: the driver, the GPU (fabric manager on NVSwitch systems) or "
+        "the container's GPU access is not set up for this CUDA",
+        "check nvidia-smi in the same environment; start nvidia-fabricmanager on NVSwitch machines (error 802), "
+        "install a driver matching the CUDA build (error 803/804), pass the GPUs to the container",
+        {"cuda_error": int(m["code"]) if m["code"] else None, "reason": m["why"].strip() if m["why"] else None},
+    )
+
+
+@_rule(
+    "LOG092",
+    "transformers",
+    "model repository config without a model type",
+    R.CONFIG_INVALID,
+    r"Unrecognized model in (?P<repo>[^\s.]+(?:\.[^\s.]+)*)\. Should have a `?model_type`? key in its config\.json",
+)
+def _no_model_type(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"{m['repo']}'s config.json names no model_type (and the name says none): it is not a transformers model "
+        "repository, or its config is incomplete",
+        "point at a transformers model repository (check the path / repo id), or add model_type to its config.json; "
+        "models of other libraries load with their own loaders",
+        {"repository": m["repo"]},
+    )
+
+
+@_rule(
+    "LOG093",
+    "transformers",
+    "remote model code needs packages that are not installed",
+    R.ENVIRONMENT,
+    r"This modeling file requires the following packages that were not found in your environment: "
+    r"(?P<pkgs>[\w-]+(?:, ?[\w-]+)*)",
+)
+def _remote_code_packages(m: re.Match[str]) -> Explained:
+    pkgs = [p.strip() for p in m["pkgs"].split(",") if p.strip()]
+    return Explained(
+        f"the model's own code imports {', '.join(pkgs)}, which is not installed",
+        f"pip install {' '.join(pkgs)} (or, for optional kernels like flash_attn, load the model with an attention "
+        "implementation that does not need them)",
+        {"packages": pkgs},
     )
