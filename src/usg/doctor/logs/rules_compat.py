@@ -358,9 +358,19 @@ def _quant_capability(m: re.Match[str]) -> Explained:
     "triton",
     "backend built for another Triton",
     R.VERSION_COUPLING,
-    r"Triton backend API version does not support this backend",
+    r"Triton backend API version does not support this backend"
+    r"|Triton TRITONBACKEND API version: (?P<server>[\d.]+) does not support '(?P<backend>[\w-]+)' TRITONBACKEND API "
+    r"version: (?P<api>[\d.]+)",
 )
 def _backend_api(m: re.Match[str]) -> Explained:
+    if m["backend"]:
+        return Explained(
+            f"the {m['backend']} backend was built for Triton backend API {m['api']}, and this server implements "
+            f"{m['server']}: backend and server come from different Triton releases",
+            f"use the {m['backend']} backend of the server's release (the same NGC image / the backend's release "
+            "branch matching the server), or a server of the backend's release",
+            {"backend": m["backend"], "server_api": m["server"], "backend_api": m["api"]},
+        )
     return Explained(
         "the backend library was built against another Triton backend API than this server's: backends only load "
         "in the Triton release they were built for",

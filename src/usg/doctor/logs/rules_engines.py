@@ -518,7 +518,7 @@ def _triton_no_config(m: re.Match[str]) -> Explained:
     return Explained(
         f"the configuration of model {m['model']!r} names neither a backend nor a platform, and the model name does "
         "not say one ('model.<backend>')",
-        "set backend (e.g. backend: \"onnxruntime\", \"python\") or platform in config.pbtxt",
+        'set backend (e.g. backend: "onnxruntime", "python") or platform in config.pbtxt',
         {"model_directory": m["dir"], "model": m["model"]},
     )
 
@@ -643,22 +643,4 @@ def _engine_tensors(m: re.Match[str]) -> Explained:
         "rebuild the engine with the TensorRT-LLM release the runtime (or the Triton backend) comes from, or run the "
         "runtime of the release that built it",
         {"tensors": names[:8] or None},
-    )
-
-
-@_rule(
-    "LOG091",
-    "triton",
-    "backend built for another Triton release (backend API version)",
-    R.VERSION_COUPLING,
-    r"Triton TRITONBACKEND API version: (?P<server>[\d.]+) does not support '(?P<backend>[\w-]+)' TRITONBACKEND API "
-    r"version: (?P<api>[\d.]+)",
-)
-def _backend_api(m: re.Match[str]) -> Explained:
-    return Explained(
-        f"the {m['backend']} backend was built for Triton backend API {m['api']}, and this server implements "
-        f"{m['server']}: backend and server come from different Triton releases",
-        f"use the {m['backend']} backend of the server's release (the same NGC image / the backend's release branch "
-        "matching the server), or a server of the backend's release",
-        {"backend": m["backend"], "server_api": m["server"], "backend_api": m["api"]},
     )

@@ -414,7 +414,7 @@ def _dynamo_unsupported(m: re.Match[str]) -> Explained:
 def _attention_impl(m: re.Match[str]) -> Explained:
     return Explained(
         f"{m['model']} has no {m['impl']} implementation",
-        "load it with attn_implementation=\"eager\" (or another implementation it supports)",
+        'load it with attn_implementation="eager" (or another implementation it supports)',
         {"model": m["model"], "attention": m["impl"]},
     )
 
@@ -438,11 +438,11 @@ def _device_count(m: re.Match[str]) -> Explained:
 
 
 @_rule(
-    "LOG092",
+    "LOG091",
     "transformers",
     "model repository config without a model type",
     R.CONFIG_INVALID,
-    r"Unrecognized model in (?P<repo>[^\s.]+(?:\.[^\s.]+)*)\. Should have a `?model_type`? key in its config\.json",
+    r"Unrecognized model in (?P<repo>\S+?)\. Should have a `?model_type`? key in its config\.json",
 )
 def _no_model_type(m: re.Match[str]) -> Explained:
     return Explained(
@@ -455,7 +455,7 @@ def _no_model_type(m: re.Match[str]) -> Explained:
 
 
 @_rule(
-    "LOG093",
+    "LOG092",
     "transformers",
     "remote model code needs packages that are not installed",
     R.ENVIRONMENT,
