@@ -644,3 +644,71 @@ def _engine_tensors(m: re.Match[str]) -> Explained:
         "runtime of the release that built it",
         {"tensors": names[:8] or None},
     )
+
+
+@_rule(
+    "LOG093",
+    "triton",
+    "backend not installed in this server",
+    R.ENVIRONMENT,
+    r"unable to find backend library for backend '(?P<backend>[^'\n]+)'"
+    r"|unable to find '(?P<pybackend>[\w-]+)/model\.py' for model '(?P<model>[^'\n]+)'",
+    also=(R.CONFIG_INVALID,),
+)
+def _backend_missing(m: re.Match[str]) -> Explained:
+    backend = m["backend"] or m["pybackend"]
+    if "${" in backend or "{{" in backend:  # a template placeholder nobody filled in (fill_template.py)
+        return Explained(
+            f"config.pbtxt names the backend {backend!r}: a template placeholder that was never filled in",
+            "fill the template's placeholders (e.g. tools/fill_template.py ... triton_backend:tensorrtllm) or write "
+            "the backend's name into config.pbtxt",
+            {"backend": backend},
+            R.CONFIG_INVALID,
+        )
+    return Explained(
+        f"this Triton server has no {backend!r} backend installed (neither its library nor a Python model.py in "
+        "the backends directory)",
+        f"run a Triton image that ships the {backend} backend (the NGC flavours differ: e.g. the -trtllm-python-py3 "
+        "image for TensorRT-LLM), or build/copy the backend into --backend-directory",
+        {"backend": backend, "model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG094",
+    "triton",
+    "model not in the repository",
+    R.CONFIG_INVALID,
+    r"failed to (?:poll|load) model '(?P<model>[^'\n]+)': model not found in any model repository",
+)
+def _model_not_in_repository(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"no model repository has a model named {m['model']!r}",
+        "check the model name against the repository's directory names (explicit model control loads by directory "
+        "name), and the --model-repository paths",
+        {"model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG095",
+    "onnxruntime",
+    "input or output name the model does not have",
+    R.CONFIG_INVALID,
+    r"Invalid (?P<kind>Feed Input|Output) Name:? ?(?P<name>[^\s,]+)"
+    r"|Required inputs \((?P<req>\[[^\]\n]*\])\) are missing from input feed \((?P<feed>\[[^\]\n]*\])\)",
+)
+def _feed_name(m: re.Match[str]) -> Explained:
+    if m["req"]:
+        return Explained(
+            f"the model's inputs {m['req']} are not in the feed {m['feed']}: the caller names the inputs differently "
+            "than the model",
+            "name the feed entries after session.get_inputs() (or re-export with the input names the caller uses)",
+            {"required": m["req"], "fed": m["feed"]},
+        )
+    kind = "input" if m["kind"].lower().startswith("feed") else "output"
+    return Explained(
+        f"the model has no {kind} named {m['name']!r}: the caller names it differently than the model",
+        f"use the model's {kind} names (session.get_{kind}s()), or re-export with the name the caller uses",
+        {kind: m["name"]},
+    )
