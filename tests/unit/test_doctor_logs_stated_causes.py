@@ -399,3 +399,74 @@ def test_a_backend_of_another_backend_api_names_both_versions() -> None:
     root = _root(text)
     assert (root.code, root.root_cause) == ("LOG048", RootCause.VERSION_COUPLING)
     assert (root.evidence["server_api"], root.evidence["backend_api"]) == ("1.13", "1.15")
+
+
+@pytest.mark.parametrize(
+    ("text", "backend", "cause"),
+    [
+        (
+            "E0301 failed to load 'encoder' version 1: Invalid argument: unable to find backend library for backend "
+            "'pytorch', try specifying runtime on the model configuration.",
+            "pytorch",
+            RootCause.ENVIRONMENT,
+        ),
+        (
+            "failed to load 'postprocessing' version 1: Invalid argument: unable to find 'vllm/model.py' for model "
+            "'postprocessing', in /opt/tritonserver/backends/vllm",
+            "vllm",
+            RootCause.ENVIRONMENT,
+        ),
+        (
+            "Invalid argument: unable to find backend library for backend '${triton_backend}', try specifying runtime "
+            "on the model configuration.",
+            "${triton_backend}",
+            RootCause.CONFIG_INVALID,
+        ),
+    ],
+)
+def test_a_backend_the_server_lacks_is_the_environment_unless_a_placeholder(
+    text: str, backend: str, cause: RootCause
+) -> None:
+    root = _root(text)
+    assert (root.code, root.root_cause, root.evidence["backend"]) == ("LOG093", cause, backend)
+
+
+def test_a_model_name_no_repository_has_is_config() -> None:
+    text = (
+        "E1201 model_repository_manager.cc:1234] failed to load model 'yolov8': model not found in any model "
+        "repository."
+    )
+    root = _root(text)
+    assert (root.code, root.root_cause, root.evidence["model"]) == ("LOG094", RootCause.CONFIG_INVALID, "yolov8")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "value"),
+    [
+        (
+            "onnxruntime.capi.onnxruntime_pybind11_state.InvalidArgument: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : "
+            "Invalid Feed Input Name:input_1",
+            "input",
+            "input_1",
+        ),
+        ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Invalid Output Name:logits", "output", "logits"),
+        (
+            "ValueError: Required inputs (['pixel_values']) are missing from input feed (['images']).",
+            "required",
+            "['pixel_values']",
+        ),
+    ],
+)
+def test_a_feed_or_output_name_the_model_does_not_have_is_config(text: str, key: str, value: str) -> None:
+    root = _root(text)
+    assert (root.code, root.root_cause, root.evidence[key]) == ("LOG095", RootCause.CONFIG_INVALID, value)
+
+
+def test_no_opencl_device_for_the_gpu_plugin_is_the_environment() -> None:
+    text = (
+        "RuntimeError: [GPU] failed to create engine: No OpenCL device found which would match provided "
+        "configuration:\n    NVIDIA GeForce RTX 3060: invalid vendor type"
+    )
+    root = _root(text)
+    assert (root.code, root.root_cause) == ("LOG069", RootCause.ENVIRONMENT)
+    assert root.evidence["other_device"] == "NVIDIA GeForce RTX 3060"
