@@ -305,7 +305,9 @@ def _ort_rank(m: re.Match[str]) -> Explained:
     "onnxruntime",
     "no kernel for op",
     R.UNSUPPORTED_OP,
-    r"Could not find an implementation for (?P<op>\w+)\((?P<ver>\d+)\)(?: node with name '(?P<node>[^']*)')?",
+    # ONNX Runtime before 1.0: "for the node Mul(6)"; later: "for Mul(6) node with name '...'"
+    r"Could not find an implementation for (?:the node )?(?P<op>\w+)\((?P<ver>\d+)\)"
+    r"(?: node with name '(?P<node>[^']*)')?",
 )
 def _ort_kernel(m: re.Match[str]) -> Explained:
     node = f" (node {m['node']!r})" if m["node"] is not None else ""

@@ -189,7 +189,8 @@ _LIBRARIES = frozenset(
     "python",
     "module or name not importable",
     R.ENVIRONMENT,
-    r"(?:ModuleNotFoundError: )?No module named '(?P<mod>[\w.]+)'?"  # the closing quote may be cut off
+    r"(?:ModuleNotFoundError: )?No module named (?:'(?P<mod>[\w.]+)'?|(?P<bare>[A-Za-z_][\w.]*))"  # the closing quote
+    # may be cut off; Python 2 and some wrappers print the name without quotes
     r"|(?:ImportError: )?cannot import name '(?P<name>\w+)' from (?P<partial>partially initiali[sz]ed module )?"
     r"'(?P<src>[\w.]+)'",
     also=(R.VERSION_COUPLING,),
@@ -213,7 +214,7 @@ def _import(m: re.Match[str]) -> Explained:
             {"name": m["name"], "module": m["src"]},
             R.VERSION_COUPLING,
         )
-    mod = m["mod"]
+    mod = m["mod"] or m["bare"]
     top = mod.split(".")[0]
     if hint := re.search(r"pip install\s+(?:\"[^\"\n]+\"|'[^'\n]+'|[^\s`'\"]+)", m.string[m.end() : m.end() + 200]):
         install = hint.group(0)  # the message names what to install: an extra or package left out of this install
@@ -357,9 +358,19 @@ def _quant_capability(m: re.Match[str]) -> Explained:
     "triton",
     "backend built for another Triton",
     R.VERSION_COUPLING,
-    r"Triton backend API version does not support this backend",
+    r"Triton backend API version does not support this backend"
+    r"|Triton TRITONBACKEND API version: (?P<server>[\d.]+) does not support '(?P<backend>[\w-]+)' TRITONBACKEND API "
+    r"version: (?P<api>[\d.]+)",
 )
 def _backend_api(m: re.Match[str]) -> Explained:
+    if m["backend"]:
+        return Explained(
+            f"the {m['backend']} backend was built for Triton backend API {m['api']}, and this server implements "
+            f"{m['server']}: backend and server come from different Triton releases",
+            f"use the {m['backend']} backend of the server's release (the same NGC image / the backend's release "
+            "branch matching the server), or a server of the backend's release",
+            {"backend": m["backend"], "server_api": m["server"], "backend_api": m["api"]},
+        )
     return Explained(
         "the backend library was built against another Triton backend API than this server's: backends only load "
         "in the Triton release they were built for",

@@ -167,10 +167,19 @@ def _trt_int64(m: re.Match[str]) -> Explained:
     "no importer for op",
     R.UNSUPPORTED_OP,
     r"(?:No importer registered for op: (?P<op>\w+)|getPluginCreator could not find plugin:? "
-    r"(?P<plugin>\w+))",
+    r"(?P<plugin>\w+)"
+    # TensorRT 8.5+: an op with no importer falls back to a plugin of its name, and no such plugin is registered
+    r"|(?:importFallbackPluginImporter|creator && \")[^\n]{0,80}\n?[^\n]{0,80}?Plugin not found)",
 )
 def _trt_op(m: re.Match[str]) -> Explained:
     op = m["op"] or m["plugin"]
+    if op is None:  # the fallback: the op's name is on the parser's "While parsing node number N [Op -> ...]" line
+        return Explained(
+            "the TensorRT ONNX parser has no importer for an op of this model and no plugin of its name is registered",
+            "upgrade TensorRT, export with an opset whose form of the op TensorRT supports, or register a plugin "
+            "for the op (the parser's 'While parsing node' line names it)",
+            {"op": None},
+        )
     return Explained(
         f"the TensorRT ONNX parser cannot import op {op}",
         "upgrade TensorRT, export with an opset whose form of the op TensorRT supports, or provide a plugin",
@@ -485,4 +494,221 @@ def _plugin_layout(m: re.Match[str]) -> Explained:
         "rebuild the engine with the TensorRT-LLM version of the runtime / tensorrtllm_backend image (see its "
         "support matrix), or run the runtime version that built it",
         {"plugin": m["plugin"], "source": m["file"]},
+    )
+
+
+@_rule(
+    "LOG077",
+    "triton",
+    "model directory without a usable configuration",
+    R.CONFIG_INVALID,
+    r"(?:Poll failed for\s+model directory '(?P<dir>[^'\n]*)':\s+)?"
+    r"(?:failed to open text file for read (?P<path>[^\s:]*config\.pbtxt):? No such file"
+    r"|(?:Invalid model name:\s+)?Could not determine backend\s+for model '(?P<model>[^'\n]*)' with no backend)",
+)
+def _triton_no_config(m: re.Match[str]) -> Explained:
+    if m["path"]:
+        return Explained(
+            f"the model directory has no config.pbtxt ({m['path']}) and the server does not generate one for it",
+            "add config.pbtxt to the model directory (platform/backend, inputs, outputs), or start the server with "
+            "auto-complete of the configuration (--disable-auto-complete-config off / --strict-model-config=false) "
+            "for a backend that can derive it from the model file",
+            {"model_directory": m["dir"], "config_path": m["path"]},
+        )
+    return Explained(
+        f"the configuration of model {m['model']!r} names neither a backend nor a platform, and the model name does "
+        "not say one ('model.<backend>')",
+        'set backend (e.g. backend: "onnxruntime", "python") or platform in config.pbtxt',
+        {"model_directory": m["dir"], "model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG078",
+    "triton",
+    "request shape outside the TensorRT engine's profile",
+    R.DYNAMIC_SHAPE_FIXED,
+    r"(?:trt )?failed to set binding dimension to \[(?P<dims>[-\d, ]+)\] for input '(?P<input>[^'\n]+)'"
+    r"|(?P<runtime>Runtime dimension does not satisfy any optimization profile)"
+    # TensorRT-LLM's Python runtime: "Couldn't assign past_key_value_0 with shape torch.Size([...]), engine supports
+    # [min, opt, max] = [...]"
+    r"|Couldn't assign (?P<input2>\w+) with shape (?:torch\.Size\()?\[?(?P<dims2>[-\d, ]+)\]?\)?,? engine supports",
+)
+def _trt_binding(m: re.Match[str]) -> Explained:
+    if m["input2"]:
+        dims2 = [int(d) for d in m["dims2"].replace(" ", "").split(",") if d]
+        return Explained(
+            f"the TensorRT-LLM engine does not take {m['input2']!r} with shape {dims2}: the shape is outside the "
+            "range its optimization profile was built for (max batch size, input/output or sequence lengths)",
+            "rebuild the engine with limits covering the request (trtllm-build --max_batch_size/--max_input_len/"
+            "--max_seq_len), or keep requests inside the limits it was built with",
+            {"input": m["input2"], "shape": dims2},
+        )
+    if m["runtime"]:  # TensorRT 8.5+'s setInputShape: no shape in the message
+        return Explained(
+            "an input shape set at run time is outside every optimization profile the TensorRT engine was built with",
+            "build the engine with profiles covering the shapes sent (trtexec --minShapes/--optShapes/--maxShapes; "
+            "for TensorRT-LLM the build's max input/output lengths and batch size), or keep requests inside them",
+            {"input": None, "shape": None},
+        )
+    dims = [int(d) for d in m["dims"].replace(" ", "").split(",") if d]
+    return Explained(
+        f"the TensorRT engine does not take input {m['input']!r} with shape {dims}: the shape is outside the "
+        "engine's optimization profile (or the engine was built with fixed shapes)",
+        "build the engine with a profile covering this shape (trtexec --minShapes/--optShapes/--maxShapes), or "
+        "send shapes (and a max_batch_size) inside the profile it was built with",
+        {"input": m["input"], "shape": dims},
+    )
+
+
+@_rule(
+    "LOG079",
+    "llm server",
+    "context length beyond the model's",
+    R.CONFIG_INVALID,
+    r"User-specified (?P<key>max_model_len|context_length|max_seq_len) \((?P<user>\d+)\) is greater than the "
+    r"derived (?:max_model_len|context_length|max_seq_len) \((?P<derived>[^)\n]*)\)",
+)
+def _context_beyond_model(m: re.Match[str]) -> Explained:
+    limit = re.findall(r"\d+", m["derived"])
+    return Explained(
+        f"{m['key']} {m['user']} is longer than the context the model's config.json declares ({m['derived']})",
+        f"set {m['key']} to at most the model's context{f' ({limit[-1]})' if limit else ''}, or use a model "
+        "(or rope scaling) made for the longer context; overriding the check risks wrong outputs",
+        {m["key"]: int(m["user"]), "model_context": int(limit[-1]) if limit else None, "derived": m["derived"]},
+    )
+
+
+@_rule(
+    "LOG080",
+    "optimum",
+    "exporter has no configuration for the architecture",
+    R.UNSUPPORTED_OP,
+    r"Trying to export a (?P<model_type>[\w.-]+) model, that is a custom or unsupported architecture"
+    r"|Tried to use ORTOptimizer for the model type (?P<opt_type>[\w.-]+), but it is not available yet",
+)
+def _exporter_architecture(m: re.Match[str]) -> Explained:
+    if m["opt_type"]:
+        return Explained(
+            f"optimum's ONNX Runtime optimizer has no support for model type {m['opt_type']!r}",
+            "export without graph optimization (or optimize with onnxruntime.transformers.optimizer directly), or use "
+            "an optimum release that supports the model type if one does",
+            {"model_type": m["opt_type"]},
+        )
+    return Explained(
+        f"the exporter has no export configuration for model type {m['model_type']!r} (a custom or unsupported "
+        "architecture)",
+        "pass a custom export configuration for it (custom_onnx_configs / custom_export_configs), or use a release "
+        "of the exporter that supports the architecture if one does",
+        {"model_type": m["model_type"]},
+    )
+
+
+@_rule(
+    "LOG083",
+    "tensorrt",
+    "batch larger than the implicit-batch engine's maximum",
+    R.BATCH_DIM_CONFIG,
+    r"Batch size was: (?P<got>\d+), but engine max batch size was: (?P<max>\d+)"
+    r"|condition: batchSize > 0 &&\s*batchSize <= mEngine\.getMaxBatchSize\(\)"
+    r"(?:\.? ?Note: Batch size was: (?P<got2>\d+), but engine max batch size was: (?P<max2>\d+))?"
+    # Triton's TensorRT backend: config.pbtxt's max_batch_size above the plan's
+    r"|unexpected configuration maximum batch size (?P<got3>\d+) for '[^'\n]*', model maximum is (?P<max3>\d+)",
+)
+def _implicit_batch(m: re.Match[str]) -> Explained:
+    got, top = m["got"] or m["got2"] or m["got3"], m["max"] or m["max2"] or m["max3"]
+    sizes = f" ({got} sent, the engine takes at most {top})" if got else ""
+    return Explained(
+        f"the batch is larger than the maximum batch size the (implicit-batch) TensorRT engine was built with{sizes}",
+        "rebuild the engine with a larger max batch size (or an explicit-batch engine with a profile covering the "
+        "batch), or send smaller batches (Triton: max_batch_size in config.pbtxt no larger than the engine's)",
+        {"batch": int(got) if got else None, "engine_max_batch": int(top) if top else None},
+    )
+
+
+@_rule(
+    "LOG084",
+    "tensorrt-llm",
+    "engine and runtime from different TensorRT-LLM releases (engine tensors)",
+    R.VERSION_COUPLING,
+    r"The following expected tensors are not found:? ?(?P<tensors>\{[^}\n]{0,200})?"
+    r"|Input tensor '(?P<tensor>\w+)' not found; expected shape",
+)
+def _engine_tensors(m: re.Match[str]) -> Explained:
+    names = re.findall(r"'(\w+)'", m["tensors"] or "") or ([m["tensor"]] if m["tensor"] else [])
+    return Explained(
+        "the TensorRT-LLM runtime expects engine inputs/outputs the engine does not have"
+        + (f" ({', '.join(names[:4])})" if names else "")
+        + ": the engine was built by another TensorRT-LLM release (or its model code) than the runtime loading it",
+        "rebuild the engine with the TensorRT-LLM release the runtime (or the Triton backend) comes from, or run the "
+        "runtime of the release that built it",
+        {"tensors": names[:8] or None},
+    )
+
+
+@_rule(
+    "LOG093",
+    "triton",
+    "backend not installed in this server",
+    R.ENVIRONMENT,
+    r"unable to find backend library for backend '(?P<backend>[^'\n]+)'"
+    r"|unable to find '(?P<pybackend>[\w-]+)/model\.py' for model '(?P<model>[^'\n]+)'",
+    also=(R.CONFIG_INVALID,),
+)
+def _backend_missing(m: re.Match[str]) -> Explained:
+    backend = m["backend"] or m["pybackend"]
+    if "${" in backend or "{{" in backend:  # a template placeholder nobody filled in (fill_template.py)
+        return Explained(
+            f"config.pbtxt names the backend {backend!r}: a template placeholder that was never filled in",
+            "fill the template's placeholders (e.g. tools/fill_template.py ... triton_backend:tensorrtllm) or write "
+            "the backend's name into config.pbtxt",
+            {"backend": backend},
+            R.CONFIG_INVALID,
+        )
+    return Explained(
+        f"this Triton server has no {backend!r} backend installed (neither its library nor a Python model.py in "
+        "the backends directory)",
+        f"run a Triton image that ships the {backend} backend (the NGC flavours differ: e.g. the -trtllm-python-py3 "
+        "image for TensorRT-LLM), or build/copy the backend into --backend-directory",
+        {"backend": backend, "model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG094",
+    "triton",
+    "model not in the repository",
+    R.CONFIG_INVALID,
+    r"failed to (?:poll|load) model '(?P<model>[^'\n]+)': model not found in any model repository",
+)
+def _model_not_in_repository(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"no model repository has a model named {m['model']!r}",
+        "check the model name against the repository's directory names (explicit model control loads by directory "
+        "name), and the --model-repository paths",
+        {"model": m["model"]},
+    )
+
+
+@_rule(
+    "LOG095",
+    "onnxruntime",
+    "input or output name the model does not have",
+    R.CONFIG_INVALID,
+    r"Invalid (?P<kind>Feed Input|Output) Name:? ?(?P<name>[^\s,]+)"
+    r"|Required inputs \((?P<req>\[[^\]\n]*\])\) are missing from input feed \((?P<feed>\[[^\]\n]*\])\)",
+)
+def _feed_name(m: re.Match[str]) -> Explained:
+    if m["req"]:
+        return Explained(
+            f"the model's inputs {m['req']} are not in the feed {m['feed']}: the caller names the inputs differently "
+            "than the model",
+            "name the feed entries after session.get_inputs() (or re-export with the input names the caller uses)",
+            {"required": m["req"], "fed": m["feed"]},
+        )
+    kind = "input" if m["kind"].lower().startswith("feed") else "output"
+    return Explained(
+        f"the model has no {kind} named {m['name']!r}: the caller names it differently than the model",
+        f"use the model's {kind} names (session.get_{kind}s()), or re-export with the name the caller uses",
+        {kind: m["name"]},
     )

@@ -282,3 +282,191 @@ def _tp_split(m: re.Match[str]) -> Explained:
         "and of the GPUs per node (e.g. restrict CUDA_VISIBLE_DEVICES), or use pipeline parallelism for the rest",
         ev,
     )
+
+
+@_rule(
+    "LOG081",
+    "pytorch",
+    "checkpoint written for torch.load's old default (weights_only)",
+    R.VERSION_COUPLING,
+    r"Weights only load failed\b(?P<rest>[^\n]*\n?[^\n]*\n?[^\n]*\n?[^\n]*)",
+)
+def _weights_only(m: re.Match[str]) -> Explained | None:
+    """PyTorch 2.6 made ``torch.load(weights_only=True)`` the default; its message says so. Without that sentence
+    (an older PyTorch, the caller asked for weights_only) the message names no release change."""
+    change = re.search(r"In PyTorch (?P<ver>\d+\.\d+), we changed the default value of the .?weights_only", m["rest"])
+    if change is None:
+        return None
+    glob = re.search(r"Unsupported global: GLOBAL (?P<g>[\w.]+)", m.string[m.start() : m.start() + 2000])
+    return Explained(
+        f"the checkpoint (or the code loading it) was written for torch.load's default before PyTorch "
+        f"{change['ver']}: the installed release loads weights only, and the file holds other objects"
+        + (f" ({glob['g']})" if glob else ""),
+        "if the file is trusted, load it with torch.load(..., weights_only=False) or allow its globals with "
+        "torch.serialization.add_safe_globals; or install the calling package's release made for this PyTorch "
+        f"(or PyTorch < {change['ver']})",
+        {"changed_in": change["ver"], "global": glob["g"] if glob else None},
+    )
+
+
+@_rule(
+    "LOG082",
+    "packages",
+    "installed package older than the minimum its caller needs",
+    R.VERSION_COUPLING,
+    r"(?P<pkg>[\w.-]+) with minimum required version (?P<min>\d+(?:\.\d+)+\w*) is not installed"
+    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,40}?"
+    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?",
+)
+def _minimum_version(m: re.Match[str]) -> Explained | None:
+    pkg, low, have = m["pkg"] or m["pkg2"], m["min"] or m["min2"], m["have2"]
+    if re.search(r"driver|cuda|nvidia|gpu|capability|python|sm_?\d", pkg, re.IGNORECASE):  # the machine, not a package
+        return None
+    return Explained(
+        f"{pkg} {low} or newer is required" + (f", {have} is installed" if have else " and is not installed"),
+        f"install {pkg}>={low} (the release the caller was written for)",
+        {"package": pkg, "minimum": low, "installed": have},
+    )
+
+
+@_rule(
+    "LOG085",
+    "native library",
+    "system C/C++ runtime older than the binary needs",
+    R.ENVIRONMENT,
+    r"version [`'‘]?(?P<sym>(?:GLIBC|GLIBCXX|CXXABI)_[\d.]+)['’]? not found(?: \(required by (?P<by>[^)\n]+)\))?",
+)
+def _old_system_runtime(m: re.Match[str]) -> Explained:
+    lib = "glibc" if m["sym"].startswith("GLIBC_") else "libstdc++"
+    return Explained(
+        f"the system's {lib} is older than the one {m['by'] or 'the binary'} was built against (it needs {m['sym']})",
+        f"run on a distribution (or container image) whose {lib} provides {m['sym']}, put a newer {lib} first on "
+        "LD_LIBRARY_PATH (e.g. conda's libstdcxx-ng), or install a build made for this system",
+        {"symbol_version": m["sym"], "required_by": m["by"]},
+    )
+
+
+@_rule(
+    "LOG086",
+    "native library",
+    "Windows DLL not found",
+    R.ENVIRONMENT,
+    r"(?:DLL load failed(?: while importing (?P<mod>[\w.]+))?|Unable to load DLL '(?P<dll>[^'\n]+)'):?\s*"
+    r"(?P<why>The specified (?:module|procedure) could not be found|[^\n'\"]{0,80})",
+)
+def _dll_load(m: re.Match[str]) -> Explained | None:
+    m_mod = m["dll"] or m["mod"]  # .NET names the DLL, Python the module importing it
+    if "procedure" in m["why"].lower():  # the DLL is there but lacks an entry point: another build, not a missing one
+        return None
+    what = f" ({m_mod})" if m_mod else ""
+    return Explained(
+        f"Windows could not load a DLL the native module needs{what}: a runtime it depends on (the Visual C++ "
+        "redistributable, CUDA/cuDNN, the engine's own libraries) is not installed or not on PATH",
+        "install the Visual C++ redistributable and the CUDA/cuDNN (or engine) runtime the package was built for, and "
+        "add their bin directories to PATH (Python 3.8+: os.add_dll_directory)",
+        {"module": m_mod},
+    )
+
+
+@_rule(
+    "LOG087",
+    "transformers",
+    "package registers a name the installed transformers already has",
+    R.VERSION_COUPLING,
+    r"['‘](?:<class ['‘])?(?P<name>[\w.]+)(?:['’]>)?['’] is already used by a Transformers (?P<kind>model|config)",
+)
+def _registered_twice(m: re.Match[str]) -> Explained:
+    name = m["name"].rsplit(".", 1)[-1]
+    return Explained(
+        f"a package registers {name} with transformers' Auto classes, and the installed transformers already has a "
+        f"{m['kind']} under that name: transformers is newer than the release the package was written for",
+        "install the transformers version the package pins (or a release of the package made for this transformers)",
+        {"name": name, "registered": m["kind"]},
+    )
+
+
+@_rule(
+    "LOG088",
+    "torch.export",
+    "construct or op the exporter cannot trace",
+    R.UNSUPPORTED_OP,
+    r"torch\._dynamo\.exc\.Unsupported: (?P<what>[^\n]{1,200})|Unsupported FX nodes: (?P<fx>\{[^\n]{1,300})",
+)
+def _dynamo_unsupported(m: re.Match[str]) -> Explained:
+    what = (m["what"] or m["fx"]).strip()
+    ops = re.findall(r"aten[._]\w+(?:\.\w+)?", what)
+    return Explained(
+        f"the exporter (TorchDynamo / torch.export) does not support what the model does: {what[:160]}",
+        "rewrite that part of the model with supported ops, register a custom op / decomposition (or an ONNX "
+        "translation) for it, or export with the TorchScript exporter (dynamo=False) where it supports the op",
+        {"unsupported": what[:200], "ops": ops[:6] or None},
+    )
+
+
+@_rule(
+    "LOG089",
+    "transformers",
+    "model class without the requested attention implementation",
+    R.UNSUPPORTED_OP,
+    r"(?P<model>\w+) does not support (?P<impl>Flash Attention 2(?:\.0)?|an attention implementation through "
+    r"torch\.nn\.functional\.scaled_dot_product_attention|SDPA|Flex Attention) yet",
+)
+def _attention_impl(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"{m['model']} has no {m['impl']} implementation",
+        'load it with attn_implementation="eager" (or another implementation it supports)',
+        {"model": m["model"], "attention": m["impl"]},
+    )
+
+
+@_rule(
+    "LOG090",
+    "cuda",
+    "CUDA cannot count the GPUs (driver or GPU setup)",
+    R.ENVIRONMENT,
+    r"Unexpected error from cudaGetDeviceCount\(\)(?:[^\n]{0,200}?Error (?P<code>\d+): (?P<why>[^\n.]+))?",
+)
+def _device_count(m: re.Match[str]) -> Explained:
+    why = f" (error {m['code']}: {m['why'].strip()})" if m["code"] else ""
+    return Explained(
+        f"the CUDA runtime cannot query the GPUs{why}: the driver, the GPU (fabric manager on NVSwitch systems) or "
+        "the container's GPU access is not set up for this CUDA",
+        "check nvidia-smi in the same environment; start nvidia-fabricmanager on NVSwitch machines (error 802), "
+        "install a driver matching the CUDA build (error 803/804), pass the GPUs to the container",
+        {"cuda_error": int(m["code"]) if m["code"] else None, "reason": m["why"].strip() if m["why"] else None},
+    )
+
+
+@_rule(
+    "LOG091",
+    "transformers",
+    "model repository config without a model type",
+    R.CONFIG_INVALID,
+    r"Unrecognized model in (?P<repo>\S+?)\. Should have a `?model_type`? key in its config\.json",
+)
+def _no_model_type(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"{m['repo']}'s config.json names no model_type (and the name says none): it is not a transformers model "
+        "repository, or its config is incomplete",
+        "point at a transformers model repository (check the path / repo id), or add model_type to its config.json; "
+        "models of other libraries load with their own loaders",
+        {"repository": m["repo"]},
+    )
+
+
+@_rule(
+    "LOG092",
+    "transformers",
+    "remote model code needs packages that are not installed",
+    R.ENVIRONMENT,
+    r"This modeling file requires the following packages that were not found in your environment: "
+    r"(?P<pkgs>[\w-]+(?:, ?[\w-]+)*)",
+)
+def _remote_code_packages(m: re.Match[str]) -> Explained:
+    pkgs = [p.strip() for p in m["pkgs"].split(",") if p.strip()]
+    return Explained(
+        f"the model's own code imports {', '.join(pkgs)}, which is not installed",
+        f"pip install {' '.join(pkgs)} (or, for optional kernels like flash_attn, load the model with an attention "
+        "implementation that does not need them)",
+        {"packages": pkgs},
+    )

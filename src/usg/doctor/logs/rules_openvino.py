@@ -321,9 +321,20 @@ def _unreadable_model(m: re.Match[str]) -> Explained:
     "openvino",
     "device plugin cannot be created",
     R.ENVIRONMENT,
-    r"Failed to create plugin (?P<lib>\S+?) for device (?P<dev>[\w.]+)",
+    r"Failed to create plugin (?P<lib>\S+?) for device (?P<dev>[\w.]+)"
+    r"|(?P<nocl>No OpenCL device found which would match provided configuration)",
 )
 def _plugin(m: re.Match[str]) -> Explained:
+    if m["nocl"]:  # the GPU plugin found no Intel GPU it can drive
+        vendor = re.search(r"([^\n:]{1,60}): invalid vendor type", m.string[m.end() : m.end() + 300])
+        return Explained(
+            "OpenVINO's GPU plugin found no OpenCL device it can use"
+            + (f" ({vendor.group(1).strip()} is not an Intel GPU)" if vendor else "")
+            + ": it drives Intel GPUs through Intel's OpenCL runtime only",
+            "run on an Intel GPU with Intel's compute runtime installed (and visible: /dev/dri in containers), or use "
+            "the CPU device",
+            {"plugin": None, "device": "GPU", "other_device": vendor.group(1).strip() if vendor else None},
+        )
     cl = re.search(r"cl\w+ error -?\d+", m.string[m.end() : m.end() + 300])
     return Explained(
         f"OpenVINO cannot create its {m['dev']} plugin ({m['lib'].rsplit('/', 1)[-1]})"
