@@ -8,16 +8,10 @@ Every excerpt is a real message users pasted in a public thread (the thread is n
 from __future__ import annotations
 
 import pytest
+from logs_roots import root_of
 
 from usg.doctor.findings import RootCause
-from usg.doctor.logs.classify import classify_text, root_error
 from usg.doctor.logs.features import vocab_vector
-
-
-def _root(text: str):  # type: ignore[no-untyped-def]
-    root = root_error(classify_text(text, "pasted.log", learned=False))
-    assert root is not None
-    return root
 
 
 @pytest.mark.parametrize(
@@ -40,7 +34,7 @@ def _root(text: str):  # type: ignore[no-untyped-def]
     ],
 )
 def test_api_of_another_release_is_version_coupling(text: str, evidence: dict[str, str]) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG066", RootCause.VERSION_COUPLING)
     assert evidence.items() <= root.evidence.items()
     assert "different releases" in root.message and "pin" in root.fix
@@ -48,8 +42,8 @@ def test_api_of_another_release_is_version_coupling(text: str, evidence: dict[st
 
 def test_api_mismatch_wording_is_not_read_on_builtins_or_none() -> None:
     # sgl-project/sglang#165: the cause (out of memory) is only in the discussion
-    assert _root("AttributeError: 'NoneType' object has no attribute 'cpu'").code != "LOG066"
-    assert _root("TypeError: dict.get() got an unexpected keyword argument 'default'").code != "LOG066"
+    assert root_of("AttributeError: 'NoneType' object has no attribute 'cpu'").code != "LOG066"
+    assert root_of("TypeError: dict.get() got an unexpected keyword argument 'default'").code != "LOG066"
     assert vocab_vector("AttributeError: 'NoneType' object has no attribute 'cpu'")[-1] == 0.0  # the "api" group
     assert vocab_vector("AttributeError: module 'onnx' has no attribute 'optimizer'")[-1] > 0
 
@@ -62,7 +56,7 @@ def test_partially_initialised_module_is_a_local_file_shadowing_the_package() ->
         "'optimum.exporters.onnx' (most likely due to a circular import) "
         "(/usr/local/lib/python3.8/dist-packages/optimum/exporters/onnx/__init__.py)"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG043", RootCause.ENVIRONMENT)
     assert {"name": "export_models", "module": "optimum.exporters.onnx"}.items() <= root.evidence.items()
     assert "rename the local" in root.fix
@@ -70,7 +64,7 @@ def test_partially_initialised_module_is_a_local_file_shadowing_the_package() ->
 
 def test_cannot_import_name_from_an_initialised_module_stays_a_release_mismatch() -> None:
     # a name the installed release lacks (the importer was written for another one)
-    root = _root("ImportError: cannot import name 'is_torch_less_than_1_11' from 'transformers.pytorch_utils'")
+    root = root_of("ImportError: cannot import name 'is_torch_less_than_1_11' from 'transformers.pytorch_utils'")
     assert (root.code, root.root_cause) == ("LOG043", RootCause.VERSION_COUPLING)
 
 
@@ -93,7 +87,7 @@ def test_cannot_import_name_from_an_initialised_module_stays_a_release_mismatch(
     ],
 )
 def test_runtime_env_that_cannot_be_set_up_is_a_config_error(text: str, fields: list[str] | None) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG067", RootCause.CONFIG_INVALID)
     assert root.evidence.get("fields") == fields
     assert "runtime_env" in root.fix
@@ -105,7 +99,7 @@ def test_openvino_unreadable_model_with_frontends_is_the_file() -> None:
         "Unable to read the model: /invalid_path.xml Please check that model format: xml is supported and the "
         "model is correct. Available frontends: tf onnx ir tflite paddle pytorch"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG068", RootCause.CONFIG_INVALID)
     assert root.evidence["path"] == "/invalid_path.xml"
     assert root.evidence["frontends"] == ["tf", "onnx", "ir", "tflite", "paddle", "pytorch"]
@@ -117,7 +111,7 @@ def test_openvino_unreadable_model_without_any_frontend_is_the_install() -> None
         "InferenceEngine::NetworkNotRead: [ NETWORK_NOT_READ ] Unable to read the model: xml Please check that "
         "model format: xml is supported and the model is correct. Available frontends:"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG068", RootCause.ENVIRONMENT)
     assert root.evidence["frontends"] == []
     assert "frontend libraries" in root.fix
@@ -130,7 +124,7 @@ def test_openvino_device_plugin_that_cannot_be_created_is_the_environment() -> N
         "/opt/intel/openvino/deployment_tools/inference_engine/lib/intel64/libclDNNPlugin.so for device GPU\n"
         "Please, check your environment\n[CLDNN ERROR]. clGetPlatformIDs error -1001\n"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG069", RootCause.ENVIRONMENT)
     assert root.evidence["device"] == "GPU"
     assert root.evidence["plugin"].endswith("libclDNNPlugin.so")
@@ -143,7 +137,7 @@ def test_trtllm_plugin_field_layout_is_an_engine_of_another_release() -> None:
         "[TensorRT-LLM][ERROR] tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] Assertion failed: "
         "d == a + length (/app/tensorrt_llm/cpp/tensorrt_llm/plugins/gptAttentionCommon/gptAttentionCommon.cpp:418)"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG070", RootCause.VERSION_COUPLING)
     assert root.evidence["plugin"] == "gptAttentionCommon"
     assert "rebuild the engine" in root.fix
@@ -160,7 +154,7 @@ def test_trtllm_plugin_field_layout_is_an_engine_of_another_release() -> None:
     ],
 )
 def test_illegal_instruction_is_the_host_cpu(text: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG071", RootCause.ENVIRONMENT)
     assert "AVX" in root.message
 
@@ -177,5 +171,5 @@ def test_illegal_instruction_is_the_host_cpu(text: str) -> None:
     ],
 )
 def test_every_tracer_freeze_wording_is_a_frozen_shape(text: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG014", RootCause.DYNAMIC_SHAPE_FIXED)

@@ -7,17 +7,12 @@ Every excerpt is a real message users pasted in a public thread (the thread is n
 from __future__ import annotations
 
 import pytest
+from logs_roots import root_of
 
 from usg.doctor.findings import RootCause
 from usg.doctor.logs.classify import LEARNED, classify_line, classify_text, root_error
 from usg.doctor.logs.corpus import LabelledCase
 from usg.doctor.logs.similar import CaseIndex
-
-
-def _root(text: str):
-    root = root_error(classify_text(text, "pasted.log", learned=False))
-    assert root is not None
-    return root
 
 
 @pytest.mark.parametrize(
@@ -40,14 +35,14 @@ def _root(text: str):
     ],
 )
 def test_memory_stated_in_words_is_memory(text: str, settings: list[str] | None) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG059", RootCause.MEMORY)
     assert root.evidence.get("settings_named") == settings
 
 
 def test_memory_wording_reads_the_quantities() -> None:
     # huggingface/text-generation-inference#755
-    root = _root(
+    root = root_of(
         'Error: Warmup(Generation("Not enough memory to handle 4096 prefill tokens. You need to decrease '
         '`--max-batch-prefill-tokens`"))'
     )
@@ -72,14 +67,14 @@ def test_memory_wording_reads_the_quantities() -> None:
     ],
 )
 def test_data_dependent_guard_is_a_shape_the_exporter_cannot_keep_dynamic(text: str, expression: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG060", RootCause.DYNAMIC_SHAPE_FIXED)
     assert root.evidence["expression"] == expression and "torch._check" in root.fix
 
 
 def test_model_file_that_cannot_be_opened_is_the_configured_path() -> None:
     # linghu8812/tensorrt_inference#163
-    root = _root(
+    root = root_of(
         "Could not open file ../weights/hrnet_w48_coco_256x192.onnx\n"
         "Could not open file ../weights/hrnet_w48_coco_256x192.onnx\n"
         "Failed to parse ONNX model from file../weights/hrnet_w48_coco_256x192.onnx"
@@ -87,7 +82,7 @@ def test_model_file_that_cannot_be_opened_is_the_configured_path() -> None:
     assert (root.code, root.root_cause) == ("LOG061", RootCause.CONFIG_INVALID)
     assert root.evidence["path"] == "../weights/hrnet_w48_coco_256x192.onnx"
     # microsoft/onnxruntime#24691
-    ort = _root(
+    ort = root_of(
         "onnxruntime.capi.onnxruntime_pybind11_state.NoSuchFile: [ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model "
         "from model.onnx failed:Load model model.onnx failed. File doesn't exist"
     )
@@ -96,7 +91,7 @@ def test_model_file_that_cannot_be_opened_is_the_configured_path() -> None:
 
 def test_model_read_as_text_is_not_a_model_file() -> None:
     # NVIDIA/TensorRT#1589
-    root = _root(
+    root = root_of(
         "[libprotobuf ERROR google/protobuf/text_format.cc:298] Error parsing text-format onnx2trt_onnx.ModelProto: "
         "1:9: Message type \u201connx2trt_onnx.ModelProto\u201d has no field named \u201connx\u201d."
     )
@@ -106,7 +101,7 @@ def test_model_read_as_text_is_not_a_model_file() -> None:
 
 def test_shared_library_that_cannot_be_opened_stays_an_environment_problem() -> None:
     # commaai/openpilot#31708: "cannot open shared object file: No such file or directory"
-    root = _root(
+    root = root_of(
         "2024-03-05 11:40:14.847702004 [E:onnxruntime:Default, provider_bridge_ort.cc:1548 TryGetProviderInfo_CUDA] "
         "/onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:1209 onnxruntime::Provider& "
         "onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : FAIL : Failed to load library "
@@ -118,7 +113,7 @@ def test_shared_library_that_cannot_be_opened_stays_an_environment_problem() -> 
 
 def test_gpu_architecture_a_kernel_lacks_is_environment() -> None:
     # NVIDIA/TensorRT-LLM#1515
-    root = _root(
+    root = root_of(
         "Assertion failed: Unsupported architecture (/tensorrt_llm/cpp/tensorrt_llm/kernels/"
         "contextFusedMultiHeadAttention/fmhaRunner.cpp:89)"
     )
@@ -137,7 +132,7 @@ def test_model_architecture_unsupported_is_not_a_gpu_problem() -> None:
 
 def test_tensorflow_graph_from_a_newer_tensorflow_is_version_coupling() -> None:
     # openvinotoolkit/openvino#4580
-    root = _root(
+    root = root_of(
         "[ ERROR ]  NodeDef mentions attr 'exponential_avg_factor' not in Op<name=FusedBatchNormV3; signature=x:T, "
         "scale:U, offset:U, mean:U, variance:U -> y:T, batch_mean:U, batch_variance:U>;"
     )
@@ -163,7 +158,7 @@ def test_tensorflow_graph_from_a_newer_tensorflow_is_version_coupling() -> None:
     ],
 )
 def test_openvino_shape_checks_are_shape_problems(text: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG035", RootCause.SHAPE_OR_RANK)
     assert "component" in root.evidence
 

@@ -6,13 +6,9 @@ Every excerpt is a real message users pasted in a public thread (the thread is n
 from __future__ import annotations
 
 import pytest
+from logs_roots import root_of
 
 from usg.doctor.findings import RootCause
-from usg.doctor.logs.classify import classify_text, root_error
-
-
-def _root(text: str):  # type: ignore[no-untyped-def]
-    return root_error(classify_text(text, "pasted.log", learned=False))
 
 
 @pytest.mark.parametrize(
@@ -33,8 +29,8 @@ def _root(text: str):  # type: ignore[no-untyped-def]
     ],
 )
 def test_unknown_model_type_is_a_transformers_release_mismatch(text: str, model_type: str) -> None:
-    root = _root(text)
-    assert root is not None and root.code == "LOG072"
+    root = root_of(text)
+    assert root.code == "LOG072"
     assert root.root_cause is RootCause.VERSION_COUPLING
     assert root.evidence["model_type"] == model_type
     assert "upgrade transformers" in root.fix
@@ -49,8 +45,8 @@ def test_unknown_model_type_is_a_transformers_release_mismatch(text: str, model_
     ],
 )
 def test_other_key_errors_are_not_read_as_model_types(text: str) -> None:
-    root = _root(text)
-    assert root is not None and root.code != "LOG072"
+    root = root_of(text)
+    assert root.code != "LOG072"
 
 
 @pytest.mark.parametrize(
@@ -71,8 +67,8 @@ def test_other_key_errors_are_not_read_as_model_types(text: str) -> None:
     ],
 )
 def test_platform_unknown_to_the_triton_release_is_version_coupling(text: str, platform: str, model: str) -> None:
-    root = _root(text)
-    assert root is not None and root.code == "LOG073"
+    root = root_of(text)
+    assert root.code == "LOG073"
     assert root.root_cause is RootCause.VERSION_COUPLING
     assert (root.evidence["platform"], root.evidence["model"]) == (platform, model)
     assert "built with its backend" in root.fix
@@ -81,8 +77,8 @@ def test_platform_unknown_to_the_triton_release_is_version_coupling(text: str, p
 def test_onnxruntime_python_exception_is_an_error_line() -> None:
     # microsoft/onnxruntime#16153: "Fail --" is neither "failed" nor "...Error:", but it is ONNX Runtime's exception
     text = "onnxruntime.capi.onnxruntime_pybind11_state.Fail -- Unknown model file format version."
-    root = _root(text)
-    assert root is not None and root.code == "LOG000"
+    root = root_of(text)
+    assert root.code == "LOG000"
     assert "Unknown model file format version" in root.evidence["line_text"]
 
 
@@ -92,8 +88,8 @@ def test_onnxruntime_missing_kernel_without_a_node_name_is_unsupported_op() -> N
         "onnxruntime can execute the model correctly with the CUDAExecutionProvider, while returning error code with "
         "the CPUExecutionProvider: NOT_IMPLEMENTED : Could not find an implementation for Resize(13)"
     )
-    root = _root(text)
-    assert root is not None and (root.code, root.root_cause) == ("LOG009", RootCause.UNSUPPORTED_OP)
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG009", RootCause.UNSUPPORTED_OP)
     assert (root.evidence["op"], root.evidence["opset"]) == ("Resize", 13) and "node" not in root.evidence
 
 
@@ -112,8 +108,8 @@ def test_onnxruntime_missing_kernel_without_a_node_name_is_unsupported_op() -> N
     ],
 )
 def test_operator_the_exporter_cannot_write_is_unsupported_op(text: str, operator: str, python_op: bool) -> None:
-    root = _root(text)
-    assert root is not None and (root.code, root.root_cause) == ("LOG013", RootCause.UNSUPPORTED_OP)
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG013", RootCause.UNSUPPORTED_OP)
     assert root.evidence["operator"] == operator
     assert root.evidence.get("python_op", False) is python_op
 
@@ -153,8 +149,8 @@ def test_operator_the_exporter_cannot_write_is_unsupported_op(text: str, operato
     ],
 )
 def test_input_the_program_cannot_parse_is_a_config_error(text: str, evidence: dict[str, str], says: str) -> None:
-    root = _root(text)
-    assert root is not None and (root.code, root.root_cause) == ("LOG074", RootCause.CONFIG_INVALID)
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG074", RootCause.CONFIG_INVALID)
     assert says in root.message
     for key, value in evidence.items():
         assert root.evidence[key] == value

@@ -7,15 +7,10 @@ Every excerpt is a real message users pasted in a public thread (the thread is n
 from __future__ import annotations
 
 import pytest
+from logs_roots import root_of
 
 from usg.doctor.findings import RootCause
-from usg.doctor.logs.classify import classify_text, root_error
-
-
-def _root(text: str):  # type: ignore[no-untyped-def]
-    root = root_error(classify_text(text, "pasted.log", learned=False))
-    assert root is not None
-    return root
+from usg.doctor.logs.classify import classify_text
 
 
 @pytest.mark.parametrize(
@@ -40,7 +35,7 @@ def _root(text: str):  # type: ignore[no-untyped-def]
 def test_an_undefined_symbol_of_a_known_library_names_the_release_it_was_built_for(
     text: str, owner: str, library: str
 ) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG076", RootCause.VERSION_COUPLING)
     assert (root.evidence["built_against"], root.evidence["library"]) == (owner, library)
     assert f"another {owner} release" in root.message
@@ -76,14 +71,14 @@ def test_an_undefined_symbol_of_an_unknown_library_is_left_to_known_cases() -> N
     ],
 )
 def test_a_tensor_parallel_size_the_model_cannot_be_split_by_is_config(text: str, evidence: dict[str, object]) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG075", RootCause.CONFIG_INVALID)
     assert {k: root.evidence[k] for k in evidence} == evidence
 
 
 def test_a_missing_module_whose_message_names_the_install_is_the_environment() -> None:
     # ray-project/ray#23064: the Serve extra was not installed; the message says so
-    root = _root(
+    root = root_of(
         "ModuleNotFoundError: No module named 'ray.serve.generated'. You can run `pip install \"ray[serve]\"` to "
         "install all Ray Serve dependencies."
     )
@@ -93,6 +88,6 @@ def test_a_missing_module_whose_message_names_the_install_is_the_environment() -
 
 def test_a_missing_submodule_without_its_closing_quote_is_still_read() -> None:
     # sgl-project/sglang#362: vllm 0.4.0 dropped the module sglang imported
-    root = _root("ModuleNotFoundError: No module named 'vllm.model_executor.input_metadata")
+    root = root_of("ModuleNotFoundError: No module named 'vllm.model_executor.input_metadata")
     assert (root.code, root.root_cause) == ("LOG043", RootCause.VERSION_COUPLING)
     assert root.evidence["module"] == "vllm.model_executor.input_metadata"

@@ -7,15 +7,10 @@ another package), and on a near miss it must leave alone."""
 from __future__ import annotations
 
 import pytest
+from logs_roots import root_of
 
 from usg.doctor.findings import RootCause
-from usg.doctor.logs.classify import classify_text, root_error
-
-
-def _root(text: str):  # type: ignore[no-untyped-def]
-    root = root_error(classify_text(text, "pasted.log", learned=False))
-    assert root is not None
-    return root
+from usg.doctor.logs.classify import classify_text
 
 
 def _codes(text: str) -> set[str]:
@@ -41,7 +36,7 @@ def _codes(text: str) -> set[str]:
     ],
 )
 def test_no_kernel_for_an_op_in_either_wording(text: str, op: str, opset: int) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG009", RootCause.UNSUPPORTED_OP)
     assert (root.evidence["op"], root.evidence["opset"]) == (op, opset)
 
@@ -54,7 +49,7 @@ def test_tensorrt_plugin_fallback_without_a_plugin_is_an_unsupported_op() -> Non
         '[8] Assertion failed: creator && "Plugin not found, are the plugin name, version, and namespace correct?"'
     )
     assert "LOG019" in _codes(text)
-    assert _root(text).root_cause is RootCause.UNSUPPORTED_OP
+    assert root_of(text).root_cause is RootCause.UNSUPPORTED_OP
 
 
 @pytest.mark.parametrize(
@@ -76,7 +71,7 @@ def test_tensorrt_plugin_fallback_without_a_plugin_is_an_unsupported_op() -> Non
     ],
 )
 def test_triton_model_directory_without_a_usable_config_is_config(text: str, key: str, value: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG077", RootCause.CONFIG_INVALID)
     assert root.evidence[key] == value
 
@@ -103,7 +98,7 @@ def test_triton_model_directory_without_a_usable_config_is_config(text: str, key
     ],
 )
 def test_a_shape_outside_the_engine_profile_is_a_fixed_dynamic_shape(text: str, evidence: dict[str, object]) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG078", RootCause.DYNAMIC_SHAPE_FIXED)
     assert {k: root.evidence.get(k) for k in evidence} == evidence
 
@@ -126,7 +121,7 @@ def test_a_shape_outside_the_engine_profile_is_a_fixed_dynamic_shape(text: str, 
     ],
 )
 def test_a_batch_above_the_engine_maximum_is_batch_config(text: str, batch: int, engine_max: int) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG083", RootCause.BATCH_DIM_CONFIG)
     assert (root.evidence["batch"], root.evidence["engine_max_batch"]) == (batch, engine_max)
 
@@ -150,7 +145,7 @@ def test_a_batch_above_the_engine_maximum_is_batch_config(text: str, batch: int,
     ],
 )
 def test_a_context_longer_than_the_model_declares_is_config(text: str, key: str, model_context: int) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG079", RootCause.CONFIG_INVALID)
     assert root.evidence["model_context"] == model_context
     assert key in root.evidence
@@ -177,7 +172,7 @@ def test_a_context_longer_than_the_model_declares_is_config(text: str, key: str,
     ],
 )
 def test_an_exporter_without_a_config_for_the_architecture_is_unsupported(text: str, model_type: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG080", RootCause.UNSUPPORTED_OP)
     assert root.evidence["model_type"] == model_type
 
@@ -190,7 +185,7 @@ def test_the_weights_only_default_of_pytorch_2_6_is_a_release_change() -> None:
         "`False` to `True`. Re-running `torch.load` with `weights_only` set to `False` will likely succeed.\n"
         "\tWeightsUnpickler error: Unsupported global: GLOBAL argparse.Namespace was not an allowed global by default."
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG081", RootCause.VERSION_COUPLING)
     assert root.evidence == root.evidence | {"changed_in": "2.6", "global": "argparse.Namespace"}
 
@@ -218,7 +213,7 @@ def test_weights_only_without_the_release_sentence_names_no_cause() -> None:
 def test_a_package_below_the_required_minimum_is_version_coupling(
     text: str, package: str, minimum: str, installed: str | None
 ) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG082", RootCause.VERSION_COUPLING)
     assert (root.evidence["package"], root.evidence["minimum"], root.evidence.get("installed")) == (
         package,
@@ -247,7 +242,7 @@ def test_a_driver_or_cuda_minimum_is_not_read_as_a_package() -> None:
     ],
 )
 def test_engine_tensors_the_tensorrt_llm_runtime_expects_are_another_release(text: str, tensors: list[str]) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG084", RootCause.VERSION_COUPLING)
     assert root.evidence["tensors"] == tensors
 
@@ -260,7 +255,7 @@ def test_engine_tensors_the_tensorrt_llm_runtime_expects_are_another_release(tex
     ],
 )
 def test_a_missing_module_without_quotes_is_read(text: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG043", RootCause.ENVIRONMENT)
 
 
@@ -280,7 +275,7 @@ def test_a_missing_module_without_quotes_is_read(text: str) -> None:
     ],
 )
 def test_a_system_c_runtime_older_than_the_binary_is_the_environment(text: str, symbol: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG085", RootCause.ENVIRONMENT)
     assert root.evidence["symbol_version"] == symbol
 
@@ -300,7 +295,7 @@ def test_a_system_c_runtime_older_than_the_binary_is_the_environment(text: str, 
     ],
 )
 def test_a_windows_dll_that_is_not_found_is_the_environment(text: str, module: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG086", RootCause.ENVIRONMENT)
     assert root.evidence["module"] == module
 
@@ -322,7 +317,7 @@ def test_a_dll_without_the_procedure_is_not_a_missing_dll() -> None:
     ],
 )
 def test_a_name_transformers_already_registers_is_a_newer_transformers(text: str, name: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG087", RootCause.VERSION_COUPLING)
     assert root.evidence["name"] == name
 
@@ -343,7 +338,7 @@ def test_a_name_transformers_already_registers_is_a_newer_transformers(text: str
     ],
 )
 def test_what_the_dynamo_exporter_cannot_trace_is_unsupported(text: str, ops: list[str] | None) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG088", RootCause.UNSUPPORTED_OP)
     assert root.evidence.get("ops") == ops
 
@@ -357,7 +352,7 @@ def test_what_the_dynamo_exporter_cannot_trace_is_unsupported(text: str, ops: li
     ],
 )
 def test_a_model_class_without_the_attention_implementation_is_unsupported(text: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG089", RootCause.UNSUPPORTED_OP)
 
 
@@ -366,7 +361,7 @@ def test_cuda_failing_to_count_the_gpus_is_the_environment() -> None:
         "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
         "NumCudaDevices() that might have already set an error? Error 802: system not yet initialized"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG090", RootCause.ENVIRONMENT)
     assert root.evidence["cuda_error"] == 802
 
@@ -376,7 +371,7 @@ def test_a_repository_config_without_model_type_is_config() -> None:
         "ValueError: Unrecognized model in ./checkpoints/run-3. Should have a `model_type` key in its config.json, or "
         "contain one of the following strings in its name: albert, bart, bert"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG091", RootCause.CONFIG_INVALID)
     assert root.evidence["repository"] == "./checkpoints/run-3"
 
@@ -386,7 +381,7 @@ def test_remote_model_code_needing_packages_is_the_environment() -> None:
         "ImportError: This modeling file requires the following packages that were not found in your environment: "
         "einops, timm. Run `pip install einops timm`"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG092", RootCause.ENVIRONMENT)
     assert root.evidence["packages"] == ["einops", "timm"]
 
@@ -396,7 +391,7 @@ def test_a_backend_of_another_backend_api_names_both_versions() -> None:
         "UNAVAILABLE: Unsupported: Triton TRITONBACKEND API version: 1.13 does not support 'python' TRITONBACKEND API "
         "version: 1.15"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG048", RootCause.VERSION_COUPLING)
     assert (root.evidence["server_api"], root.evidence["backend_api"]) == ("1.13", "1.15")
 
@@ -427,7 +422,7 @@ def test_a_backend_of_another_backend_api_names_both_versions() -> None:
 def test_a_backend_the_server_lacks_is_the_environment_unless_a_placeholder(
     text: str, backend: str, cause: RootCause
 ) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause, root.evidence["backend"]) == ("LOG093", cause, backend)
 
 
@@ -436,7 +431,7 @@ def test_a_model_name_no_repository_has_is_config() -> None:
         "E1201 model_repository_manager.cc:1234] failed to load model 'yolov8': model not found in any model "
         "repository."
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause, root.evidence["model"]) == ("LOG094", RootCause.CONFIG_INVALID, "yolov8")
 
 
@@ -458,7 +453,7 @@ def test_a_model_name_no_repository_has_is_config() -> None:
     ],
 )
 def test_a_feed_or_output_name_the_model_does_not_have_is_config(text: str, key: str, value: str) -> None:
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause, root.evidence[key]) == ("LOG095", RootCause.CONFIG_INVALID, value)
 
 
@@ -467,6 +462,6 @@ def test_no_opencl_device_for_the_gpu_plugin_is_the_environment() -> None:
         "RuntimeError: [GPU] failed to create engine: No OpenCL device found which would match provided "
         "configuration:\n    NVIDIA GeForce RTX 3060: invalid vendor type"
     )
-    root = _root(text)
+    root = root_of(text)
     assert (root.code, root.root_cause) == ("LOG069", RootCause.ENVIRONMENT)
     assert root.evidence["other_device"] == "NVIDIA GeForce RTX 3060"
