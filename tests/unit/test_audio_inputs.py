@@ -68,7 +68,7 @@ def test_bad_truncated_and_empty_audio_are_input_errors_naming_the_input(tmp_pat
     flac = encoded(tone(2.0, 16_000), 16_000, "FLAC")
     with pytest.raises(InputError, match=r"speech: .* (truncated|not decodable)"):
         decode_audio(flac[: len(flac) // 3], field="speech")
-    with pytest.raises(InputError, match=r"speech: 0 bytes is empty"):
+    with pytest.raises(InputError, match=r"speech: the audio is empty \(0 bytes\)"):
         decode_audio(b"", field="speech")
     with pytest.raises(InputError, match=r"speech: '.*nope.wav' does not exist"):
         decode_audio(tmp_path / "nope.wav", field="speech")

@@ -1,5 +1,7 @@
 import io
+import struct
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -58,6 +60,31 @@ def test_pixel_limit_is_checked_from_the_header_before_decoding():
     # decoding 36 MP would take far longer than reading a header; generous bound, not a benchmark
     assert time.perf_counter() - t0 < 1.0
     assert PayloadTooLarge.status == 413
+
+
+def _png_header_only(w: int, h: int) -> bytes:
+    """A PNG whose header declares w x h and whose pixel data is a single row (a bomb's shape)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    row = zlib.compress(b"\x00" + b"\x00" * 3 * w)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", row) + chunk(b"IEND", b"")
+
+
+def test_a_header_pil_refuses_as_a_bomb_names_the_declared_pixels():
+    # 60000x60000 is more than twice PIL's own bomb limit: Image.open refuses before our size check runs
+    with pytest.raises(
+        PayloadTooLarge,
+        match=r"image: \d+ bytes declares 3600000000 pixels, above the limit of 40000000; fix: downscale",
+    ):
+        decode_image(_png_header_only(60000, 60000), max_pixels=40_000_000)
+
+
+def test_empty_bytes_are_named_once():
+    with pytest.raises(InputError, match=r"^image: the image is empty \(0 bytes\); fix: send the image's bytes$"):
+        decode_image(b"")
 
 
 def test_to_nchw_float():

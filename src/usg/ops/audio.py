@@ -67,7 +67,11 @@ def decode_audio(value: Any, *, field: str = "audio", spec: AudioSpec | None = N
             fix="pass audio as a file path, encoded bytes (WAV/FLAC/OGG/MP3/M4A/...) or a float32 array of samples",
         )
     if not data:
-        raise InputError(f"{field}: {label} is empty (0 bytes)", field=field, fix="send the audio file's bytes")
+        raise InputError(
+            f"{field}: {'the audio' if label.endswith(' bytes') else label} is empty (0 bytes)",
+            field=field,
+            fix="send the audio file's bytes",
+        )
     samples, rate = _decode_bytes(data, field, label, spec)
     return _from_array(samples, field, spec, rate, label)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,11 @@ def _image_bytes(value: Any, field: str) -> tuple[bytes, str]:
             fix="pass an image as a file path, encoded bytes (PNG/JPEG/...) or a uint8 HxWx3 array",
         )
     if not data:
-        raise InputError(f"{field}: {label} is empty (0 bytes)", field=field, fix="send the image's bytes")
+        raise InputError(
+            f"{field}: {'the image' if label.endswith(' bytes') else label} is empty (0 bytes)",
+            field=field,
+            fix="send the image's bytes",
+        )
     return data, label
 
 
@@ -147,11 +152,13 @@ def _open(data: bytes, field: str, label: str, limits: ImageLimits) -> Any:
             field=field,
             fix=f"send a {', '.join(allowed)} file (limits.image_formats in the graph lists the formats accepted)",
         ) from None
-    except Image.DecompressionBombError:
+    except Image.DecompressionBombError as exc:  # PIL refuses before our size check can read the header
+        declared = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{declared.group(1)} pixels" if declared else "an image far above the pixel limit"
         raise PayloadTooLarge(
-            f"{field}: {label} declares an image far above the pixel limit",
+            f"{field}: {label} declares {size}, above the limit of {limits.max_pixels}",
             field=field,
-            fix=f"send an image of at most {limits.max_pixels} pixels",
+            fix="downscale the image, or raise limits.max_image_pixels in the graph",
         ) from None
     except Exception:  # any decoder failure on untrusted bytes is the input's fault, not a server error
         raise corrupt from None
