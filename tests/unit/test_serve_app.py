@@ -181,6 +181,24 @@ def test_v1_json_tensor_and_data_url_image(client: TestClient) -> None:
             "content-type",
             "not supported",
         ),
+        (
+            {
+                "content": b'--x\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\nabc',
+                "headers": {"content-type": "multipart/form-data; boundary=x"},
+            },
+            400,
+            "body",
+            "ends before its closing boundary '--x--'",
+        ),
+        (
+            {
+                "content": b'--x\r\nContent-Disposition: form-data; name="text"\r\n\r\nhi\r\n--x--\r\nepilogue',
+                "headers": {"content-type": 'multipart/form-data; boundary="x"'},
+            },
+            200,
+            None,
+            "",
+        ),
         ({"json": {"inputs": {"x": [[1.0, 2.0, 3.0]], "text": "a"}}}, 200, None, ""),
         ({"json": {"inputs": {"x": [1.0, 2.0]}}}, 400, "x", "does not match"),
         (

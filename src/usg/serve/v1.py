@@ -182,11 +182,30 @@ def _part_digest(name: str, headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def _check_multipart_closed(content_type: str, body: bytes) -> None:
+    """A multipart body cut off before its closing delimiter (``--boundary--``) is refused: the
+    parser would drop the unfinished part silently and the request would look like it had no inputs."""
+    media, _, params = content_type.partition(";")
+    if media.strip().lower() != "multipart/form-data":
+        return
+    boundary = next(
+        (v.strip().strip('"') for k, _, v in (p.partition("=") for p in params.split(";")) if k.strip() == "boundary"),
+        "",
+    )
+    if boundary and b"--" + boundary.encode("latin-1", "replace") + b"--" not in body:
+        raise InputError(
+            f"multipart body ({len(body)} bytes) ends before its closing boundary '--{boundary}--': it was cut off",
+            field="body",
+            fix="send the whole body (let the HTTP client build the multipart body and its Content-Length)",
+        )
+
+
 async def parse_form_inputs(
     graph: Graph, request: Request, body: bytes, expected: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Multipart / urlencoded form → executor inputs; the body was already read within limits. A file
     part's declared digest (:func:`_part_digest`) goes to ``expected``."""
+    _check_multipart_closed(request.headers.get("content-type", ""), body)
     replay = Request(request.scope, _replay(body))
     raw: dict[str, Any] = {}
     try:
