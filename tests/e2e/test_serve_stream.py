@@ -135,6 +135,28 @@ def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> 
     assert [e["type"] for e in events if e["type"] != "error"] == ["result", "closed"]
 
 
+def test_a_frame_far_above_the_chunk_limit_is_not_read_whole(server: Server) -> None:
+    """The WebSocket library reads a frame whole before the session sees it: frames above twice the
+    session's chunk limit (65536 here) are refused by the library with 1009, naming its limit."""
+
+    async def run() -> tuple[int | None, str, dict[str, Any]]:
+        async with websockets.connect(_url(server), max_size=None) as ws:
+            await ws.recv()
+            await ws.send(encode_chunk("audio", b"\x00\x01" * 4 * 1024 * 1024, 0.0))  # 8 MiB
+            try:
+                while True:
+                    await ws.recv()
+            except websockets.ConnectionClosed as closed:
+                code, reason = closed.rcvd.code if closed.rcvd else None, closed.rcvd.reason if closed.rcvd else ""
+        async with websockets.connect(_url(server)) as ws:  # the server goes on
+            return code, reason, json.loads(await ws.recv())
+
+    code, reason, first = asyncio.run(run())
+    assert code == 1009, (code, reason)
+    assert str(2 * 65536 + 4 + 4096) in reason
+    assert first["type"] == "session"
+
+
 def test_too_fast_is_refused_with_retry_after(server: Server) -> None:
     async def run() -> list[dict[str, Any]]:
         async with websockets.connect(_url(server)) as ws:

@@ -41,6 +41,7 @@ from uvicorn.server import logger as uvicorn_logger
 from usg.errors import USGError
 from usg.runtime.heap import freeze_startup_heap
 from usg.serve.context import ServeContext
+from usg.stream.wire import MAX_HEADER_BYTES
 
 __all__ = ["PortInUse", "UsgServer", "hold_port", "uvicorn_config"]
 
@@ -253,6 +254,14 @@ class UsgServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+WS_MAX_QUEUE = 8  # unread frames a WebSocket connection holds (the session reads them as they come)
+
+
+def ws_frame_limit(max_chunk_bytes: int) -> int:
+    """The largest WebSocket frame read: twice a session's chunk payload limit plus the chunk's header."""
+    return 2 * max_chunk_bytes + 4 + MAX_HEADER_BYTES
+
+
 def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_level: str) -> uvicorn.Config:
     cfg = ctx.config
     return uvicorn.Config(
@@ -263,6 +272,11 @@ def uvicorn_config(app: Any, ctx: ServeContext, *, host: str, port: int, log_lev
         lifespan="on",
         http=_protocol_class(cfg.header_timeout_s, cfg.send_timeout_s),
         ws=_ws_protocol_class(cfg.send_timeout_s),
+        # a WebSocket frame is read whole before the session sees it: cap it near the session's chunk limit
+        # (frames up to twice the limit still get the session's 413 event naming it; larger ones are closed
+        # with 1009 by the WebSocket library) and hold few unread frames, not uvicorn's 32 x 16 MiB
+        ws_max_size=ws_frame_limit(cfg.stream.max_chunk_bytes),
+        ws_max_queue=WS_MAX_QUEUE,
         access_log=False,  # usg.access logs each inference request (with its request id and digests)
         timeout_keep_alive=max(1, round(cfg.keepalive_timeout_s)),
         timeout_graceful_shutdown=int((cfg.timeout_s or 60.0) + 10),
