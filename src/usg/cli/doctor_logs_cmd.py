@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -55,6 +56,32 @@ def _decode(data: bytes, name: str) -> str:
     return text
 
 
+@contextmanager
+def _line_progress() -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr for a long log (classify_text reports every 20 000 lines); None off a tty."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("reading the log"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("lines"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, total=total, completed=done)
+
+        yield update
+
+
 def exit_code(findings: Sequence[Finding]) -> int:
     return 1 if any(f.severity is Severity.ERROR for f in findings) else 0
 
@@ -74,18 +101,23 @@ def logs(source: str, fmt: str, output: str | None, no_unclassified: bool) -> No
     """
     from usg.doctor.logs.classify import classify_text
 
+    data_holder: list[bytes] = []
     if source == "-":
-        text, name = _decode(sys.stdin.buffer.read(), "<stdin>"), "<stdin>"
+        data_holder.append(sys.stdin.buffer.read())
+        name = "<stdin>"
     else:
         try:
             with open(source, "rb") as fh:
-                data = fh.read()
+                data_holder.append(fh.read())
         except OSError as exc:
             raise UsageError(
                 f"cannot read log file {source!r}: {exc.strerror}; fix: give a readable file or -"
             ) from exc
-        text, name = _decode(data, source), source
-    findings = classify_text(text, name)
+        name = source
+    text = _decode(data_holder[0], name)
+    del data_holder[:]  # the bytes are not needed once decoded (a large log is held once, not twice)
+    with _line_progress() as progress:
+        findings = classify_text(text, name, progress=progress)
     if no_unclassified:
         findings = [f for f in findings if f.code != "LOG000"]
     render_findings(findings, fmt, output=output)

@@ -28,13 +28,14 @@ How a log is read:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
 from usg.doctor.logs.features import vocab_vector
+from usg.doctor.logs.prefilter import RuleGate, fold, screen
 from usg.doctor.logs.rules import RULES, LogRule, codes
 from usg.doctor.registry import CodeInfo, finding, register_codes
 
@@ -90,11 +91,13 @@ _GENERIC_EXCEPTION = re.compile(
 )
 
 _LOOKAHEAD = 4
+MAX_LINE_CHARS = 8192  # the longest line of the labelled corpus has ~1000 characters
+PROGRESS_EVERY = 20_000
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 _FRAME = re.compile(r"^\s+(File \"|\S)|^\s*$|^\s*\^+\s*$|^\s*~+")
 _CHAIN = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
 _ERRORISH = re.compile(
-    r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\bE\d{4} |\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception) ?: "
+    r"(\b(ERROR|FATAL|CRITICAL)\b|\[E\]|\[TRT\] \[E\]|^\w*(Error|Exception)\b|\w(Error|Exception) ?: "
     r"|"
     r"\bfailed\b|\bFAILED\b|\bcannot\b|\bcould not\b|\bnot supported\b|\bunsupported\b|\bout of memory\b|"
     # ONNX Runtime's C# API wraps every error in "[ErrorCode:X]"; its executor's kernel failures, pasted without the
@@ -103,6 +106,8 @@ _ERRORISH = re.compile(
     r"onnxruntime_pybind11_state\.[A-Z]\w+\b)",
     re.IGNORECASE,
 )
+# glog's error records ("E1206 04:25:00.1 ..."): no literal to pre-check, so apart from _ERRORISH
+_GLOG_ERROR = re.compile(r"\bE\d{4} ", re.IGNORECASE)
 _NOT_ERROR = re.compile(r"\b(0 errors?|no errors?|without errors?|error_count=0|errors?: 0)\b", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _WARNISH = re.compile(r"\[W\]|\b[A-Z]\w*Warning\b")  # engine warnings: TracerWarning, UserWarning, [TRT] [W]
@@ -150,7 +155,7 @@ def _events(lines: list[str]) -> Iterable[_Event]:
             i = j
             continue
         if (
-            i + 1 < n and _TRACEBACK.search(lines[i + 1]) and not any(_match(r, line, line) for r in RULES)
+            i + 1 < n and _TRACEBACK.search(lines[i + 1]) and not _any_rule(line)
         ):  # "ERROR ... inference failed" announcing the traceback below: the traceback says what failed
             i += 1
             continue
@@ -163,6 +168,18 @@ def _events(lines: list[str]) -> Iterable[_Event]:
 
 def _looks_like_new_record(line: str) -> bool:
     return bool(re.match(r"^(\d{4}-\d\d-\d\d|\[?\d\d[:/]\d\d|[IWEF]\d{4} |INFO|WARNING|ERROR|DEBUG|\[)", line))
+
+
+_GATE = RuleGate([r.pattern for r in RULES])
+
+
+def _rules_for(window: str) -> Iterable[LogRule]:
+    """The rules, in order, that may match ``window`` (the others lack a literal their regex needs)."""
+    return (RULES[i] for i in _GATE.candidates(fold(window)))
+
+
+def _any_rule(line: str) -> bool:
+    return any(_match(r, line, line) for r in _rules_for(line))
 
 
 def _match(rule: LogRule, head: str, window: str) -> re.Match[str] | None:
@@ -195,7 +212,7 @@ def default_index() -> CaseIndex | None:
 def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | None:
     head = _ANSI.sub("", ev.head)
     window = _ANSI.sub("", ev.window)
-    for rule in RULES:
+    for rule in _rules_for(window):
         m = _match(rule, head, window)
         if m is None:
             continue
@@ -217,11 +234,12 @@ def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | Non
             severity=ex.severity or rule.severity,
             root_cause=ex.root_cause or rule.root_cause,
         )
-    if not head.strip() or _NOT_ERROR.search(head):
+    folded = fold(head)
+    if not head.strip() or screen(_NOT_ERROR, head, folded):
         return None
-    if ev.in_traceback or _ERRORISH.search(head):
+    if ev.in_traceback or screen(_ERRORISH, head, folded) or _GLOG_ERROR.search(head):
         return _unmatched(ev, head, window, source, index)
-    if index is not None and (_WARNISH.search(head) or _PROBLEMISH.search(head)):
+    if index is not None and (screen(_WARNISH, head, folded) or screen(_PROBLEMISH, head, folded)):
         return _learned_only(ev, head, window, source, index)
     return None
 
@@ -348,19 +366,39 @@ def _rule_below(f: Finding, errors: list[Finding]) -> Finding | None:
     return None
 
 
+def _bounded(line: str) -> str:
+    """A line cut to its first and last :data:`MAX_LINE_CHARS` / 2 characters (one 50 MB line of escaped JSON
+    or base64 would otherwise cost every regex and the learned layer's n-grams their time and memory)."""
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    half = MAX_LINE_CHARS // 2
+    return f"{line[:half]} [... {len(line) - 2 * half} characters cut ...] {line[-half:]}"
+
+
 def classify_text(
-    text: str, source: str = "<log>", *, index: CaseIndex | None = None, learned: bool = True
+    text: str,
+    source: str = "<log>",
+    *,
+    index: CaseIndex | None = None,
+    learned: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Finding]:
     """Every classified error of a log, in order of first appearance, repeats merged (``evidence.count``).
 
     ``index`` is the labelled-case index of the learned layer (default: the packaged corpus);
     ``learned=False`` keeps the signature rules only. The root error is marked ``evidence.root_error``.
+    ``progress(lines_read, lines)`` is called every :data:`PROGRESS_EVERY` lines of a long log.
+    Lines longer than :data:`MAX_LINE_CHARS` are read by their beginning and end (:func:`_bounded`).
     """
     idx = (index or default_index()) if learned else None
-    lines = text.splitlines()
+    lines = [_bounded(line) for line in text.splitlines()]
     merged: dict[tuple[str, str], Finding] = {}
     counts: dict[tuple[str, str], list[int]] = {}
+    next_report = PROGRESS_EVERY
     for ev in _events(lines):
+        if progress is not None and ev.line_no >= next_report:
+            progress(ev.line_no, len(lines))
+            next_report = ev.line_no + PROGRESS_EVERY
         f = _classify(ev, source, idx)
         if f is None:
             continue
@@ -373,6 +411,8 @@ def classify_text(
             continue
         merged[key] = f
         counts[key] = [ev.line_no]
+    if progress is not None:
+        progress(len(lines), len(lines))
     out: list[Finding] = []
     for key, f in merged.items():
         if len(counts[key]) > 1:
