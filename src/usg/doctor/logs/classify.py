@@ -200,11 +200,11 @@ def classify_line(
 @cache
 def default_index() -> CaseIndex | None:
     """The index over the packaged corpus; None when scikit-learn (``usg[doctor]``) is not installed."""
-    from usg.doctor.logs.similar import CaseIndex
+    from usg.doctor.logs.index_cache import cached_default_index
     from usg.errors import MissingDependency
 
     try:
-        return CaseIndex.default()
+        return cached_default_index()
     except MissingDependency:
         return None
 
