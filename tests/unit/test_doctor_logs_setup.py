@@ -1,6 +1,10 @@
 """usg doctor logs: the setup around a model (session 20, rules_setup.py) — a checkpoint saved on a device this machine
 lacks, a quantization method or configured value outside the accepted list, a Triton backend library not found (a
-platform name given as the backend), a port in use, a program not on PATH, no usable GPU, an OS resource refused.
+platform name given as the backend), a port in use, a program not on PATH, no usable GPU, an OS resource refused, a
+shared library not found, a weights/engine file that is not one, two configured limits that contradict each other —
+and wording shared across engines: an argument layout of another release (LOG066), transformers' "does not recognize
+this architecture" (LOG072), TensorRT-LLM's C++ runtime shape range (LOG078), a linear layer's input features
+(LOG107), a kernel without the dtype (LOG108).
 
 Each rule is tested on phrasings other than the corpus entry it came from (other devices, releases, models, values,
 programs) and on near misses it must leave alone."""
@@ -194,3 +198,133 @@ def test_shared_memory_too_small() -> None:
     )
     assert (root.code, root.root_cause) == ("LOG103", RootCause.ENVIRONMENT)
     assert "--shm-size" in root.fix
+
+
+@pytest.mark.parametrize(
+    ("text", "library"),
+    [
+        ("ImportError: libmpi.so.12: cannot open shared object file: No such file or directory", "libmpi.so.12"),
+        ("ImportError: libcuda.so.1: cannot open shared object file: No such file or directory", "libcuda.so.1"),
+        (
+            "OSError: /opt/conda/lib/python3.10/site-packages/torch_tensorrt/lib/libtorchtrt.so: cannot open shared "
+            "object file: No such file or directory",
+            "libtorchtrt.so",
+        ),
+    ],
+)
+def test_shared_library_not_found(text: str, library: str) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG104", RootCause.ENVIRONMENT)
+    assert root.evidence["library"] == library
+
+
+def test_cuda_libraries_keep_their_own_rule() -> None:
+    text = "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"
+    assert root_of(text).code == "LOG027"
+
+
+@pytest.mark.parametrize(
+    ("text", "check"),
+    [
+        ("safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer", "safetensors"),
+        ("_pickle.UnpicklingError: invalid load key, 'v'.", "pickle load key 'v'"),
+        (
+            "[TRT] [E] 1: [stdArchiveReader.cpp::StdArchiveReader::32] Error Code 1: Serialization (Serialization "
+            "assertion magicTagRead == kMAGIC_TAG failed.Magic tag does not match)",
+            "TensorRT magic tag",
+        ),
+    ],
+)
+def test_file_that_is_not_a_checkpoint_or_plan(text: str, check: str) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG105", RootCause.CONFIG_INVALID)
+    assert check in root.evidence["file_check"]
+
+
+def test_tensorrt_version_tag_stays_a_version_mismatch() -> None:
+    text = (
+        "[TRT] [E] 1: [stdArchiveReader.cpp::StdArchiveReader::40] Error Code 1: Serialization (Serialization "
+        "assertion stdVersionRead == kSERIALIZATION_VERSION failed.Version tag does not match. Note: Current Version: "
+        "213, Serialized Engine Version: 232)"
+    )
+    assert root_of(text).root_cause is RootCause.VERSION_COUPLING
+
+
+def test_two_configured_limits_that_contradict() -> None:
+    root = root_of(
+        "ValueError: max_num_batched_tokens (2048) is smaller than max_model_len (4096). This effectively limits the "
+        "maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences."
+    )
+    assert (root.code, root.root_cause) == ("LOG106", RootCause.CONFIG_INVALID)
+    assert (root.evidence["max_num_batched_tokens"], root.evidence["max_model_len"]) == (2048, 4096)
+
+
+def test_a_limit_compared_with_prose_is_not_two_settings() -> None:
+    text = "ValueError: The decoder prompt (length 5000) is longer than the maximum model length of 4096."
+    assert "LOG106" not in _codes(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "value"),
+    [
+        ("TypeError: Glm4vProcessor.__init__() got multiple values for argument 'tokenizer'", "argument", "tokenizer"),
+        (
+            "TypeError: LlamaRotaryEmbedding.forward() takes from 2 to 3 positional arguments but 4 were given",
+            "given",
+            4,
+        ),
+    ],
+)
+def test_argument_layout_of_another_release(text: str, key: str, value: object) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG066", RootCause.VERSION_COUPLING)
+    assert root.evidence[key] == value
+
+
+def test_builtin_argument_count_is_left_alone() -> None:
+    assert "LOG066" not in _codes("TypeError: str.join() takes exactly one argument (2 given)")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ValueError: The checkpoint you are trying to load has model type `qwen3_vl_moe` but Transformers does not "
+        "recognize this architecture. This could be because of an issue with the checkpoint, or because your version "
+        "of Transformers is out of date.",
+        "  Value error, The checkpoint you are trying to load has model type `glm4v_moe` but\nTransformers does not "
+        "recognize this architecture.",
+    ],
+)
+def test_model_type_transformers_does_not_recognize(text: str) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG072", RootCause.VERSION_COUPLING)
+    assert root.evidence["model_type"] in ("qwen3_vl_moe", "glm4v_moe")
+
+
+def test_linear_layer_input_features() -> None:
+    root = root_of("RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x2048 and 1024x10)")
+    assert (root.code, root.root_cause) == ("LOG107", RootCause.SHAPE_OR_RANK)
+    assert (root.evidence["input_features"], root.evidence["expected_features"]) == (2048, 1024)
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype"),
+    [
+        ("RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'", "Half"),
+        ("RuntimeError: \"LayerNormKernelImpl\" not implemented for 'BFloat16'", "BFloat16"),
+        ("RuntimeError: \"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for 'Int'", "Int"),
+    ],
+)
+def test_kernel_without_the_dtype(text: str, dtype: str) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG108", RootCause.DTYPE_OR_RANGE)
+    assert root.evidence["dtype"] == dtype
+
+
+def test_tensorrt_llm_runtime_shape_outside_the_engine_range() -> None:
+    root = root_of(
+        "[TensorRT-LLM][ERROR] Assertion failed: Tensor 'input_ids' has invalid shape (8192), expected in range min "
+        "(1), max (4096) (/src/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmRuntime.cpp:154)"
+    )
+    assert (root.code, root.root_cause) == ("LOG078", RootCause.DYNAMIC_SHAPE_FIXED)
+    assert (root.evidence["input"], root.evidence["shape"]) == ("input_ids", [8192])

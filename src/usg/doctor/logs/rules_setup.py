@@ -296,3 +296,75 @@ def _os_resource(m: re.Match[str]) -> Explained:
         fix,
         {"errno": int(m["errno"]), "path": path},
     )
+
+
+@_rule(
+    "LOG104",
+    "native library",
+    "shared library not found",
+    R.ENVIRONMENT,
+    r"(?P<lib>(?:[\w.+-]*/)*lib[\w.+-]*?\.so(?:\.[\w]+)*): cannot open shared object file: (?P<why>No such file or "
+    r"directory|Not a directory)",
+)
+def _shared_library(m: re.Match[str]) -> Explained:
+    lib = m["lib"].rsplit("/", 1)[-1]
+    if lib.startswith("libcuda.so"):
+        return Explained(
+            "libcuda.so (the NVIDIA driver's library) is not there: no NVIDIA driver in this machine or container",
+            "install the NVIDIA driver, and start containers with GPU access (--gpus all / the NVIDIA container "
+            "toolkit), which mounts libcuda into them",
+            {"library": lib},
+        )
+    return Explained(
+        f"the dynamic loader cannot find {lib}: the package that provides it is not installed, or its directory is "
+        "not on the library path",
+        f"install the package that ships {lib} (the version the failing module was built for), or add its "
+        "directory to LD_LIBRARY_PATH in the environment the process starts in",
+        {"library": lib, "path": m["lib"] if "/" in m["lib"] else None},
+    )
+
+
+@_rule(
+    "LOG105",
+    "model file",
+    "weights or engine file is not what its loader reads (incomplete download, Git LFS pointer, another format)",
+    R.CONFIG_INVALID,
+    r"SafetensorError: Error while deserializing header: (?P<st>HeaderTooLarge|InvalidHeaderDeserialization|"
+    r"MetadataIncompleteBuffer|InvalidHeader\w*)|UnpicklingError: invalid load key, '(?P<key>[^'\n]{1,4})'"
+    r"|(?P<trt>magicTagRead == kMAGIC_TAG failed)",
+)
+def _not_a_weights_file(m: re.Match[str]) -> Explained:
+    if m["trt"]:
+        return Explained(
+            "the file given to TensorRT's deserializeCudaEngine is not a TensorRT plan (its magic tag is wrong): an "
+            "ONNX file, a plan with a tool's metadata header (e.g. Ultralytics' .engine), or a damaged file",
+            "pass the plan file trtexec/the builder wrote (strip a tool's metadata header or load it with that "
+            "tool), or rebuild the engine",
+            {"file_check": "TensorRT magic tag"},
+        )
+    what = f"safetensors header ({m['st']})" if m["st"] else f"pickle load key {m['key']!r}"
+    lfs = " ('v' is the first letter of a Git LFS pointer file: 'version https://git-lfs…')" if m["key"] == "v" else ""
+    return Explained(
+        f"the weights file is not a complete checkpoint{lfs}: {what} — an interrupted download, a Git LFS pointer "
+        "cloned without `git lfs pull`, or another file under the checkpoint's name",
+        "download the checkpoint again (huggingface-cli download, or git lfs install && git lfs pull) and compare "
+        "the file sizes with the repository's",
+        {"file_check": what},
+    )
+
+
+@_rule(
+    "LOG106",
+    "configuration",
+    "two configured limits that contradict each other",
+    R.CONFIG_INVALID,
+    r"(?<![\w-])(?P<a>(?-i:[a-z][a-z0-9]*(?:_[a-z0-9]+)+))`? \((?P<an>\d+)\) (?:is|must be|should be|cannot be) "
+    r"(?P<rel>smaller|larger|greater|less|bigger|higher|lower) than (?:or equal to )?(?:the )?`?"
+    r"(?P<b>(?-i:[a-z][a-z0-9]*(?:_[a-z0-9]+)+))`? \((?P<bn>\d+)\)",
+)
+def _limits_contradict(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"{m['a']} ({m['an']}) is {m['rel']} than {m['b']} ({m['bn']}): the two settings contradict each other",
+        f"set {m['a']} and {m['b']} consistently (raise one or lower the other, as the message asks)",
+        {m["a"]: int(m["an"]), m["b"]: int(m["bn"])},
+    )
