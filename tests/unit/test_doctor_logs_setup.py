@@ -3,8 +3,8 @@ lacks, a quantization method or configured value outside the accepted list, a Tr
 platform name given as the backend), a port in use, a program not on PATH, no usable GPU, an OS resource refused, a
 shared library not found, a weights/engine file that is not one, two configured limits that contradict each other —
 and wording shared across engines: an argument layout of another release (LOG066), transformers' "does not recognize
-this architecture" (LOG072), TensorRT-LLM's C++ runtime shape range (LOG078), a linear layer's input features
-(LOG107), a kernel without the dtype (LOG108).
+this architecture" (LOG072), a version requirement in other words (LOG082), TensorRT-LLM's C++ runtime shape range
+(LOG078), a linear layer's input features (LOG107), a kernel without the dtype (LOG108).
 
 Each rule is tested on phrasings other than the corpus entry it came from (other devices, releases, models, values,
 programs) and on near misses it must leave alone."""
@@ -328,3 +328,49 @@ def test_tensorrt_llm_runtime_shape_outside_the_engine_range() -> None:
     )
     assert (root.code, root.root_cause) == ("LOG078", RootCause.DYNAMIC_SHAPE_FIXED)
     assert (root.evidence["input"], root.evidence["shape"]) == ("input_ids", [8192])
+
+
+@pytest.mark.parametrize(
+    ("text", "package", "minimum", "installed"),
+    [
+        (
+            "ImportError: accelerate>=0.26.0 is required for a normal functioning of this module, but found "
+            "accelerate==0.21.0.",
+            "accelerate",
+            "0.26.0",
+            "0.21.0",
+        ),
+        (
+            "ImportError: tokenizers>=0.19,<0.20 is required for a normal functioning of this module, but found "
+            "tokenizers==0.20.3.",
+            "tokenizers",
+            ">=0.19,<0.20",
+            "0.20.3",
+        ),
+        ("RuntimeError: vLLM requires transformers >= 4.45.0, but found 4.40.0", "transformers", "4.45.0", "4.40.0"),
+        (
+            "ImportError: This version of transformers requires torch>=2.1, but torch 1.13.1 was found",
+            "torch",
+            "2.1",
+            "1.13.1",
+        ),
+        (
+            "AssertionError: flash_attn version 2.0.4 is not supported, please install flash_attn>=2.1.0",
+            "flash_attn",
+            "2.1.0",
+            "2.0.4",
+        ),
+    ],
+)
+def test_version_requirement_in_other_words(text: str, package: str, minimum: str, installed: str) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause) == ("LOG082", RootCause.VERSION_COUPLING)
+    assert (root.evidence["package"], root.evidence["minimum"], root.evidence["installed"]) == (
+        package,
+        minimum,
+        installed,
+    )
+
+
+def test_a_cuda_requirement_is_the_machine_not_a_package() -> None:
+    assert "LOG082" not in _codes("RuntimeError: vLLM requires CUDA >= 12.1, but found 11.8")

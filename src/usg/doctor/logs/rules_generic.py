@@ -324,16 +324,28 @@ def _weights_only(m: re.Match[str]) -> Explained | None:
     "installed package older than the minimum its caller needs",
     R.VERSION_COUPLING,
     r"(?P<pkg>[\w.-]+) with minimum required version (?P<min>\d+(?:\.\d+)+\w*) is not installed"
-    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,40}?"
-    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?",
+    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,60}?"
+    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?"
+    # the same statement in other words: a range ("tokenizers>=0.19,<0.20 is required ... but found
+    # tokenizers==0.20.3"), "<caller> requires <pkg> >= A, but <pkg> B was found", "<pkg> version B is not supported,
+    # please install <pkg>>=A"
+    r"|(?P<pkg3>[\w.-]+)(?P<spec3>(?:>=|==|~=)\d+(?:\.\d+)*\w*,\s?(?:<|<=|!=)\d+(?:\.\d+)*\w*) is required[^\n]{0,60}?"
+    r"but found (?:[\w.-]+==)?(?P<have3>\d+(?:\.\d+)+\w*)"
+    r"|requires (?P<pkg4>[\w.-]+) ?>= ?(?P<min4>\d+(?:\.\d+)*\w*),? but (?:found )?(?:[\w.-]+ )?"
+    r"(?:version )?(?P<have4>\d+(?:\.\d+)+\w*)"
+    r"|(?P<pkg5>[\w.-]+) version (?P<have5>\d+(?:\.\d+)+\w*) is not supported,? please (?:install|upgrade to|use) "
+    r"[\w.-]+ ?>= ?(?P<min5>\d+(?:\.\d+)*\w*)",
 )
 def _minimum_version(m: re.Match[str]) -> Explained | None:
-    pkg, low, have = m["pkg"] or m["pkg2"], m["min"] or m["min2"], m["have2"]
+    pkg = m["pkg"] or m["pkg2"] or m["pkg3"] or m["pkg4"] or m["pkg5"]
+    low = m["min"] or m["min2"] or m["spec3"] or m["min4"] or m["min5"]
+    have = m["have2"] or m["have3"] or m["have4"] or m["have5"]
     if re.search(r"driver|cuda|nvidia|gpu|capability|python|sm_?\d", pkg, re.IGNORECASE):  # the machine, not a package
         return None
+    spec = low if low[0] in "<>=~!" else f">={low}"
     return Explained(
-        f"{pkg} {low} or newer is required" + (f", {have} is installed" if have else " and is not installed"),
-        f"install {pkg}>={low} (the release the caller was written for)",
+        f"{pkg}{spec} is required" + (f", {have} is installed" if have else " and is not installed"),
+        f"install '{pkg}{spec}' (the release the caller was written for)",
         {"package": pkg, "minimum": low, "installed": have},
     )
 
