@@ -419,3 +419,45 @@ def _unknown_platform(m: re.Match[str]) -> Explained:
         "a source build needs --backend for it), or give config.pbtxt the backend field this release documents",
         {"platform": m["platform"], "model": m["model"]},
     )
+
+
+@_rule(
+    "LOG109",
+    "torch",
+    "checkpoint and model definition disagree",
+    R.VERSION_COUPLING,
+    r"Error\(s\) in loading state_dict for (?P<cls>[\w.]+):?(?P<body>(?:\s*\n?[^\n]*){0,4})",
+)
+def _state_dict_mismatch(m: re.Match[str]) -> Explained:
+    body = m["body"]
+    size = re.search(
+        r"size mismatch for (?P<p>[\w.]+): copying a param with shape torch\.Size\((?P<ck>\[[^\]]*\])\) from "
+        r"checkpoint, the shape in current model is torch\.Size\((?P<cur>\[[^\]]*\])\)"
+        r"|parameter named \"(?P<p2>[\w.]+)\", whose dimensions in the model are torch\.Size\((?P<cur2>\[[^\]]*\])\) "
+        r"and whose dimensions in the checkpoint are torch\.Size\((?P<ck2>\[[^\]]*\])\)",
+        body,
+    )
+    ev: dict[str, object] = {"model": m["cls"]}
+    if size:
+        ev.update(
+            parameter=size["p"] or size["p2"],
+            checkpoint_shape=size["ck"] or size["ck2"],
+            model_shape=size["cur"] or size["cur2"],
+        )
+        what = (
+            f"parameter {ev['parameter']} is {ev['checkpoint_shape']} in the checkpoint and {ev['model_shape']} in "
+            "the model"
+        )
+    elif re.search(r"Unexpected key\(s\)[^\n]*\"module\.", body) and re.search(r"Missing key\(s\)", body):
+        ev["prefix"] = "module."
+        what = "the checkpoint's keys carry the 'module.' prefix of a DataParallel/DDP-wrapped model"
+    else:
+        what = "the checkpoint's parameter names or shapes differ from the model's"
+    return Explained(
+        f"the checkpoint does not fit {m['cls']} as built here: {what} — it was written by another version or "
+        "configuration of the model code",
+        "build the model with the code release and options the checkpoint was trained with (sizes, vocabulary, "
+        "config.json), or load the checkpoint made for this definition; a 'module.' prefix is removed with "
+        "{k.removeprefix('module.'): v for k, v in state.items()}",
+        ev,
+    )
