@@ -4,8 +4,7 @@ platform name given as the backend), a port in use, a program not on PATH, no us
 shared library not found, a weights/engine file that is not one, two configured limits that contradict each other —
 and wording shared across engines: an argument layout of another release (LOG066), transformers' "does not recognize
 this architecture" (LOG072), a version requirement in other words (LOG082), TensorRT-LLM's C++ runtime shape range
-(LOG078), a linear layer's input features (LOG107), a kernel without the dtype (LOG108), a checkpoint that does not fit
-the model definition (LOG109).
+(LOG078), a linear layer's input features (LOG107), a kernel without the dtype (LOG108).
 
 Each rule is tested on phrasings other than the corpus entry it came from (other devices, releases, models, values,
 programs) and on near misses it must leave alone."""
@@ -375,34 +374,3 @@ def test_version_requirement_in_other_words(text: str, package: str, minimum: st
 
 def test_a_cuda_requirement_is_the_machine_not_a_package() -> None:
     assert "LOG082" not in _codes("RuntimeError: vLLM requires CUDA >= 12.1, but found 11.8")
-
-
-@pytest.mark.parametrize(
-    ("text", "key", "value"),
-    [
-        (
-            "RuntimeError: Error(s) in loading state_dict for LlamaForCausalLM:\n\tsize mismatch for lm_head.weight: "
-            "copying a param with shape torch.Size([32001, 4096]) from checkpoint, the shape in current model is "
-            "torch.Size([32000, 4096]).",
-            "checkpoint_shape",
-            "[32001, 4096]",
-        ),
-        (
-            'RuntimeError: Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "conv1.weight", '
-            '"conv1.bias".\n\tUnexpected key(s) in state_dict: "module.conv1.weight", "module.conv1.bias".',
-            "prefix",
-            "module.",
-        ),
-        (
-            "RuntimeError: Error(s) in loading state_dict for UNet:\n\tWhile copying the parameter named "
-            '"down.0.weight", whose dimensions in the model are torch.Size([64, 3, 3, 3]) and whose dimensions in the '
-            "checkpoint are torch.Size([64, 4, 3, 3]).",
-            "model_shape",
-            "[64, 3, 3, 3]",
-        ),
-    ],
-)
-def test_checkpoint_that_does_not_fit_the_model_definition(text: str, key: str, value: str) -> None:
-    root = root_of(text)
-    assert (root.code, root.root_cause) == ("LOG109", RootCause.VERSION_COUPLING)
-    assert root.evidence[key] == value
