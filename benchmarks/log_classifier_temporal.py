@@ -37,6 +37,7 @@ BATCHES = (
     ("cfb9ba7", "b6b7ac2"),  # batch 11 (session 16, 30 entries)
     ("cb13c45", "2fcaf81"),  # batch 12 (session 17, 26 entries)
     ("690e14a", "e52bb84"),  # batch 13 (session 18, 22 entries)
+    ("7943f79", "333d9b1"),  # batch 14 (session 19, 22 entries; studied in session 20)
 )
 
 
@@ -44,11 +45,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--thresholds", default=str(DEFAULT_CALIBRATION.threshold), help="comma-separated")
     parser.add_argument("--details", action="store_true", help="list every entry not classified correctly")
-    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-13)")
+    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-14)")
+    parser.add_argument("--per-batch", action="store_true", help="also print each batch's counts (first threshold)")
     args = parser.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]
     totals = {t: collections.Counter[str]() for t in thresholds}
-    for before, after in BATCHES[: args.last - 1]:
+    per_batch: dict[str, collections.Counter[str]] = {}
+    for number, (before, after) in enumerate(BATCHES[: args.last - 1], start=2):
         old = {(c.url, c.excerpt) for c in corpus_at(before)}
         new = [c for c in corpus_at(after) if (c.url, c.excerpt) not in old]
         measured = {c.thread for c in new}
@@ -60,12 +63,17 @@ def main() -> None:
                 got = root.root_cause if root is not None and root.root_cause is not RootCause.UNCLASSIFIED else None
                 outcome = "unclassified" if got is None else ("right" if got is case.root_cause else "wrong")
                 totals[t][outcome] += 1
+                if t == thresholds[0]:
+                    per_batch.setdefault(f"batch {number} ({after})", collections.Counter[str]())[outcome] += 1
                 if args.details and outcome != "right" and t == thresholds[0]:
                     code = root.code if root is not None else "-"
                     print(
                         f"    {after} {outcome:<12} {case.root_cause.value:>20} -> {got.value if got else '-':<20} "
                         f"{code} {thread_key(case.url)}"
                     )
+    if args.per_batch:
+        for name, c in per_batch.items():
+            print(f"  {name:<24} right {c['right']:>3}  wrong {c['wrong']:>3}  unclassified {c['unclassified']:>3}")
     print(f"  {'threshold':<10} {'n':>4}  {'correct':>7}  {'wrong':>6}  {'unclass':>7}  cost (3 wrong + unclassified)")
     for t, c in totals.items():
         n = max(sum(c.values()), 1)

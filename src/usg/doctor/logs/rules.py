@@ -457,6 +457,8 @@ def _no_version_dir(m: re.Match[str]) -> Explained:
 
 from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino, rules_ray  # noqa: E402,F401  (register their rules)
 
+import_module("usg.doctor.logs.rules_setup")  # devices, ports, PATH, listed values: before the cross-engine wording
+
 import_module("usg.doctor.logs.rules_generic")  # cross-engine wording: after every engine's own rules
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs
 

@@ -532,17 +532,20 @@ def _triton_no_config(m: re.Match[str]) -> Explained:
     r"|(?P<runtime>Runtime dimension does not satisfy any optimization profile)"
     # TensorRT-LLM's Python runtime: "Couldn't assign past_key_value_0 with shape torch.Size([...]), engine supports
     # [min, opt, max] = [...]"
-    r"|Couldn't assign (?P<input2>\w+) with shape (?:torch\.Size\()?\[?(?P<dims2>[-\d, ]+)\]?\)?,? engine supports",
+    r"|Couldn't assign (?P<input2>\w+) with shape (?:torch\.Size\()?\[?(?P<dims2>[-\d, ]+)\]?\)?,? engine supports"
+    # ... and its C++ runtime: "Tensor 'input_ids' has invalid shape (8192), expected in range min (1), max (4096)"
+    r"|Tensor '(?P<input3>\w+)' has invalid shape \((?P<dims3>[-\d, ]+)\), expected in range min",
 )
 def _trt_binding(m: re.Match[str]) -> Explained:
-    if m["input2"]:
-        dims2 = [int(d) for d in m["dims2"].replace(" ", "").split(",") if d]
+    if m["input2"] or m["input3"]:
+        dims2 = [int(d) for d in (m["dims2"] or m["dims3"]).replace(" ", "").split(",") if d]
         return Explained(
-            f"the TensorRT-LLM engine does not take {m['input2']!r} with shape {dims2}: the shape is outside the "
-            "range its optimization profile was built for (max batch size, input/output or sequence lengths)",
+            f"the TensorRT-LLM engine does not take {m['input2'] or m['input3']!r} with shape {dims2}: the shape is "
+            "outside the range its optimization profile was built for (max batch size, input/output or sequence "
+            "lengths)",
             "rebuild the engine with limits covering the request (trtllm-build --max_batch_size/--max_input_len/"
             "--max_seq_len), or keep requests inside the limits it was built with",
-            {"input": m["input2"], "shape": dims2},
+            {"input": m["input2"] or m["input3"], "shape": dims2},
         )
     if m["runtime"]:  # TensorRT 8.5+'s setInputShape: no shape in the message
         return Explained(

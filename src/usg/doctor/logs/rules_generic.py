@@ -148,6 +148,9 @@ _BUILTIN_TYPES = r"NoneType|str|int|float|list|dict|tuple|bool|bytes|set|functio
     r"|(?P<func>[\w.]+)\(\) got an unexpected keyword argument '(?P<kw>\w+)'"
     r"|(?P<func2>[\w.]+)\(\) missing (?P<miss>\d+) required (?:positional|keyword-only) arguments?: "
     r"(?P<args>[^\n]{1,120})"
+    # a positional/keyword layout one release has and the other lacks
+    r"|(?P<func3>[\w.]+)\(\) (?:got multiple values for (?:keyword )?argument '(?P<dup>\w+)'|takes (?:from )?"
+    r"(?P<takes>\d+(?: to \d+)?) positional arguments? but (?P<given>\d+) (?:were|was) given)"
     r"|(?P<op>[\w.:]+)\(\) expected at most (?P<most>\d+) argument\(s\) but received (?P<got>\d+)"
     r"|has no member named ['‘\"](?P<member>\w+)['’\"]"
     # an object of a library class without the attribute its caller uses (21 of the corpus's 25 such
@@ -169,13 +172,19 @@ def _api_mismatch(m: re.Match[str]) -> Explained | None:
             return None
         what = f"the installed {m['mod']} has no {m['attr']!r}"
         ev = {"module": m["mod"], "name": m["attr"]}
-    elif m["func"] or m["func2"]:
-        func = m["func"] or m["func2"]
+    elif m["func"] or m["func2"] or m["func3"]:
+        func = m["func"] or m["func2"] or m["func3"]
         if re.fullmatch(rf"(?:{_BUILTIN_TYPES})\.\w+", func):
             return None
         if m["kw"]:
             what = f"{func}() does not take the keyword {m['kw']!r} its caller passes"
             ev = {"function": func, "keyword": m["kw"]}
+        elif m["dup"]:
+            what = f"{func}() receives {m['dup']!r} both by position and by keyword: its parameter order differs"
+            ev = {"function": func, "argument": m["dup"]}
+        elif m["takes"]:
+            what = f"{func}() takes {m['takes']} positional argument(s) and its caller passes {m['given']}"
+            ev = {"function": func, "takes": m["takes"], "given": int(m["given"])}
         else:
             what = f"{func}() is called without {m['miss']} argument(s) its signature requires ({m['args'].strip()})"
             ev = {"function": func, "missing": m["args"].strip()}
@@ -315,16 +324,28 @@ def _weights_only(m: re.Match[str]) -> Explained | None:
     "installed package older than the minimum its caller needs",
     R.VERSION_COUPLING,
     r"(?P<pkg>[\w.-]+) with minimum required version (?P<min>\d+(?:\.\d+)+\w*) is not installed"
-    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,40}?"
-    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?",
+    r"|(?P<pkg2>[\w.-]+) ?(?:>=|version >=?|version) ?(?P<min2>\d+(?:\.\d+)+\w*) is required(?:[^\n]{0,60}?"
+    r"(?:but|found|got|installed)[^\n]{0,20}?(?P<have2>\d+(?:\.\d+)+\w*))?"
+    # the same statement in other words: a range ("tokenizers>=0.19,<0.20 is required ... but found
+    # tokenizers==0.20.3"), "<caller> requires <pkg> >= A, but <pkg> B was found", "<pkg> version B is not supported,
+    # please install <pkg>>=A"
+    r"|(?P<pkg3>[\w.-]+)(?P<spec3>(?:>=|==|~=)\d+(?:\.\d+)*\w*,\s?(?:<|<=|!=)\d+(?:\.\d+)*\w*) is required[^\n]{0,60}?"
+    r"but found (?:[\w.-]+==)?(?P<have3>\d+(?:\.\d+)+\w*)"
+    r"|requires (?P<pkg4>[\w.-]+) ?>= ?(?P<min4>\d+(?:\.\d+)*\w*),? but (?:found )?(?:[\w.-]+ )?"
+    r"(?:version )?(?P<have4>\d+(?:\.\d+)+\w*)"
+    r"|(?P<pkg5>[\w.-]+) version (?P<have5>\d+(?:\.\d+)+\w*) is not supported,? please (?:install|upgrade to|use) "
+    r"[\w.-]+ ?>= ?(?P<min5>\d+(?:\.\d+)*\w*)",
 )
 def _minimum_version(m: re.Match[str]) -> Explained | None:
-    pkg, low, have = m["pkg"] or m["pkg2"], m["min"] or m["min2"], m["have2"]
+    pkg = m["pkg"] or m["pkg2"] or m["pkg3"] or m["pkg4"] or m["pkg5"]
+    low = m["min"] or m["min2"] or m["spec3"] or m["min4"] or m["min5"]
+    have = m["have2"] or m["have3"] or m["have4"] or m["have5"]
     if re.search(r"driver|cuda|nvidia|gpu|capability|python|sm_?\d", pkg, re.IGNORECASE):  # the machine, not a package
         return None
+    spec = low if low[0] in "<>=~!" else f">={low}"
     return Explained(
-        f"{pkg} {low} or newer is required" + (f", {have} is installed" if have else " and is not installed"),
-        f"install {pkg}>={low} (the release the caller was written for)",
+        f"{pkg}{spec} is required" + (f", {have} is installed" if have else " and is not installed"),
+        f"install '{pkg}{spec}' (the release the caller was written for)",
         {"package": pkg, "minimum": low, "installed": have},
     )
 
@@ -469,4 +490,40 @@ def _remote_code_packages(m: re.Match[str]) -> Explained:
         f"pip install {' '.join(pkgs)} (or, for optional kernels like flash_attn, load the model with an attention "
         "implementation that does not need them)",
         {"packages": pkgs},
+    )
+
+
+@_rule(
+    "LOG107",
+    "torch",
+    "input features do not fit a linear layer",
+    R.SHAPE_OR_RANK,
+    r"mat1 and mat2 shapes cannot be multiplied \((?P<a>\d+)x(?P<k>\d+) and (?P<k2>\d+)x(?P<n>\d+)\)",
+)
+def _matmul_shapes(m: re.Match[str]) -> Explained:
+    return Explained(
+        f"the input to a linear layer has {m['k']} features per row and the layer expects {m['k2']} (matrices "
+        f"{m['a']}x{m['k']} and {m['k2']}x{m['n']})",
+        f"give the layer inputs of {m['k2']} features: check the input size/resolution and the flatten before the "
+        "layer, or build the layer for the size the model now produces",
+        {"input_features": int(m["k"]), "expected_features": int(m["k2"])},
+    )
+
+
+@_rule(
+    "LOG108",
+    "torch",
+    "kernel without the tensor's dtype on this device",
+    R.DTYPE_OR_RANGE,
+    r"\"(?P<kernel>\w+)\" not implemented for '(?P<dtype>Half|BFloat16|Float|Double|Long|Int|Bool|Byte|Char|Short|"
+    r"ComplexFloat|Float8_\w+)'",
+)
+def _kernel_dtype(m: re.Match[str]) -> Explained:
+    cpu = "cpu" in m["kernel"].lower() or m["dtype"] in ("Half", "BFloat16")
+    hint = " (half precision on the CPU: most CPU kernels take float32 only)" if cpu else ""
+    return Explained(
+        f"the {m['kernel']} kernel has no implementation for {m['dtype']} tensors on this device{hint}",
+        "cast the tensors (or load the model with torch_dtype) to a dtype the kernel takes — float32 on the CPU — "
+        "or run on the device the half-precision model was meant for (the GPU)",
+        {"kernel": m["kernel"], "dtype": m["dtype"]},
     )
