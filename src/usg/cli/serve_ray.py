@@ -94,7 +94,9 @@ def serve_on_ray(
         try:
             if not joined:
                 shutdown_ray()  # our private Ray: the application drains, then Ray stops
-            elif deployed:  # (a failed deploy removed its application itself)
+            elif deployed or signals:  # (a failed deploy removed its application itself)
+                # a signal can land after the deploy's wait saw the application running and before `deployed`
+                # is set (Serve's proxy answers ready then): delete it then too; deleting one already gone is a no-op
                 serve.delete(graph.name)  # leave the shared cluster's other applications alone
         except Exception as exc:  # do not hide the error that brought us here
             err_console.print(f"[yellow]Ray Serve clean-up failed: {type(exc).__name__}: {exc}[/]")

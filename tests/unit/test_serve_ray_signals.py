@@ -1,0 +1,66 @@
+"""``usg serve --engine ray`` on a joined cluster removes its application whenever a signal stops it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+serve = pytest.importorskip("ray.serve", reason="needs ray[serve] (usg[ray])")
+
+from usg.cli.serve_ray import serve_on_ray  # noqa: E402
+
+GRAPH = Path(__file__).resolve().parents[2] / "examples" / "document_ocr" / "graph.yaml"
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A joined cluster as the CLI sees it: connect, deploy and Serve's delete/status, recorded."""
+    import usg.scale.ray_app as ray_app
+
+    seen: dict[str, Any] = {"deleted": [], "shutdown": 0}
+    monkeypatch.setattr(ray_app, "connect_ray", lambda address: None)
+    monkeypatch.setattr(ray_app, "shutdown_ray", lambda: seen.__setitem__("shutdown", seen["shutdown"] + 1))
+    monkeypatch.setattr(serve, "delete", lambda name: seen["deleted"].append(name))
+    monkeypatch.setattr(serve, "status", lambda: pytest.fail("not reached: the signal stops the deploy first"))
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    yield seen
+    signal.signal(signal.SIGTERM, previous[0])
+    signal.signal(signal.SIGINT, previous[1])
+
+
+def _run() -> None:
+    serve_on_ray(str(GRAPH), "127.0.0.1", 8000, 64, 32.0, 60.0, "127.0.0.1:6379")
+
+
+def test_a_signal_right_after_the_deploy_saw_the_app_running_still_deletes_it(
+    cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import usg.scale.ray_app as ray_app
+
+    def deployed_then_signalled(graph: Any, *args: Any, **kwargs: Any) -> str:
+        # the application is up (the proxy answers ready, a client sends SIGTERM) before the CLI notes it
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "http://127.0.0.1:8000"
+
+    monkeypatch.setattr(ray_app, "deploy_graph", deployed_then_signalled)
+    _run()
+    assert cluster["deleted"] == ["document-ocr"] and cluster["shutdown"] == 0  # joined: not our Ray to stop
+
+
+def test_a_deploy_that_failed_on_its_own_is_not_deleted_again(
+    cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import usg.scale.ray_app as ray_app
+    from usg.errors import StateError
+
+    def failed(graph: Any, *args: Any, **kwargs: Any) -> str:
+        raise StateError("model-det failed to start")
+
+    monkeypatch.setattr(ray_app, "deploy_graph", failed)
+    with pytest.raises(StateError):
+        _run()
+    assert cluster["deleted"] == []
