@@ -61,7 +61,7 @@ def _trt_plan(m: re.Match[str]) -> Explained:
     "kernels not available for this GPU or install",
     R.ENVIRONMENT,
     r"(?P<ampere>FlashAttention only supports Ampere GPUs or newer)"
-    r"|(?P<model>\w[\w ()./-]*?) requires Flash Attention enabled models"
+    r"|(?P<model>\w[\w ()./-]{0,100}?) requires Flash Attention enabled models"
     r"|(?P<image>no kernel image is available for execution on the device)",
 )
 def _gpu_kernels(m: re.Match[str]) -> Explained:

@@ -171,7 +171,8 @@ def _backend_library(m: re.Match[str]) -> Explained:
     "server",
     "port already in use",
     R.ENVIRONMENT,
-    r"(?P<line>[^\n]*?(?:\bEADDRINUSE\b|\baddress already in use\b|Only one usage of each socket address)[^\n]*)",
+    # the line from its start ((?m:^): searched from every position, a lazy [^\n]*? rescans a long line each time)
+    r"(?m:^)(?P<line>[^\n]*?(?:\bEADDRINUSE\b|\baddress already in use\b|Only one usage of each socket address)[^\n]*)",
 )
 def _port_in_use(m: re.Match[str]) -> Explained:
     port = re.search(r"(?:\bport\s*[=:]?\s*|', |:)(\d{4,5})\b", m["line"])
