@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import usg.doctor.logs.classify as classify
+import usg.doctor.logs.reader as reader
 from usg.doctor.logs.corpus import load_corpus
 from usg.doctor.logs.prefilter import RuleGate, fold, required_literals, screen
 from usg.doctor.logs.rules import RULES
@@ -123,8 +124,8 @@ def test_answers_on_the_corpus_are_those_without_the_gate(monkeypatch: pytest.Mo
 
 def test_a_huge_line_is_read_by_its_ends() -> None:
     line = "2026-12-06 ERROR " + "x=" * 2_000_000 + " RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    bounded = classify._bounded(line)
-    assert len(bounded) < classify.MAX_LINE_CHARS + 60
+    bounded = reader.bounded(line)
+    assert len(bounded) < reader.MAX_LINE_CHARS + 60
     assert bounded.startswith(line[:4096]) and bounded.endswith(line[-4096:]) and "characters cut ...]" in bounded
     findings = classify.classify_text(line, learned=False)
     assert [f.code for f in findings] == ["LOG012"]  # the cause at the end of a 4 MB line is still read

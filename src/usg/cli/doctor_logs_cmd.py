@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import ExitStack, contextmanager
+from typing import Any, BinaryIO
 
 import click
 
 from usg.doctor.findings import Finding, Severity
+from usg.doctor.logs.reader import LogReader
 from usg.errors import UsageError
 
 __all__ = ["exit_code", "logs", "render_findings"]
@@ -38,46 +40,28 @@ def render_findings(
         click.echo(text)
 
 
-def _decode(data: bytes, name: str) -> str:
-    """The log as text; a binary file (NUL bytes, or mostly undecodable) is a usage error, not "no findings"."""
-    head = data[:65536]
-    if b"\x00" in head:
-        raise UsageError(
-            f"{name} is not a text log: it contains NUL bytes (binary data, e.g. a model or an archive); "
-            "fix: give the server's or the exporter's text log (e.g. docker logs <container> > server.log)"
-        )
-    text = data.decode("utf-8", errors="replace")
-    sample = text[:65536]
-    if sample and sample.count("\ufffd") > 0.1 * len(sample):
-        raise UsageError(
-            f"{name} is not a UTF-8 text log ({sample.count(chr(0xFFFD))} undecodable characters in the first "
-            f"{len(sample)}); fix: give the text log, or convert it first (iconv -f <encoding> -t utf-8)"
-        )
-    return text
-
-
 @contextmanager
-def _line_progress() -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr for a long log (classify_text reports every 20 000 lines); None off a tty."""
+def _byte_progress(reader: LogReader, size: int | None) -> Iterator[Callable[[int, int | None], None] | None]:
+    """A progress bar on stderr for a long log, in bytes of the file read (classify_lines reports every 20 000
+    lines); None off a tty."""
     if not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
         TextColumn("reading the log"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("lines"),
+        DownloadColumn(),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task("", total=None)
+        task = bar.add_task("", total=size)
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, total=total, completed=done)
+        def update(lines_read: int, _lines: int | None) -> None:
+            bar.update(task, completed=reader.bytes_read)
 
         yield update
 
@@ -99,25 +83,27 @@ def logs(source: str, fmt: str, output: str | None, no_unclassified: bool) -> No
     Knows Triton, ONNX Runtime, torch.onnx export, TensorRT, vLLM and transformers messages;
     anything else that looks like an error is reported as unclassified (LOG000).
     """
-    from usg.doctor.logs.classify import classify_text
+    from usg.doctor.logs.classify import classify_lines
 
-    data_holder: list[bytes] = []
-    if source == "-":
-        data_holder.append(sys.stdin.buffer.read())
-        name = "<stdin>"
-    else:
+    with ExitStack() as stack:
+        if source == "-":
+            fh: BinaryIO = sys.stdin.buffer
+            name, size = "<stdin>", None
+        else:
+            try:
+                fh = stack.enter_context(open(source, "rb"))
+                size = os.fstat(fh.fileno()).st_size if os.path.isfile(source) else None
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot read log file {source!r}: {exc.strerror}; fix: give a readable file or -"
+                ) from exc
+            name = source
+        reader = LogReader(fh, name)  # read a chunk at a time: memory stays bounded for a log of any size
+        progress = stack.enter_context(_byte_progress(reader, size))
         try:
-            with open(source, "rb") as fh:
-                data_holder.append(fh.read())
+            findings = classify_lines(reader, name, progress=progress)
         except OSError as exc:
-            raise UsageError(
-                f"cannot read log file {source!r}: {exc.strerror}; fix: give a readable file or -"
-            ) from exc
-        name = source
-    text = _decode(data_holder[0], name)
-    del data_holder[:]  # the bytes are not needed once decoded (a large log is held once, not twice)
-    with _line_progress() as progress:
-        findings = classify_text(text, name, progress=progress)
+            raise UsageError(f"cannot read log file {name!r}: {exc.strerror}; fix: give a readable file or -") from exc
     if no_unclassified:
         findings = [f for f in findings if f.code != "LOG000"]
     render_findings(findings, fmt, output=output)

@@ -28,7 +28,7 @@ How a log is read:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Any
 from usg.doctor.findings import Finding, Location, RootCause, Severity, Stage
 from usg.doctor.logs.features import vocab_vector
 from usg.doctor.logs.prefilter import RuleGate, fold, screen
+from usg.doctor.logs.reader import bounded
 from usg.doctor.logs.rules import RULES, LogRule, codes
 from usg.doctor.registry import CodeInfo, finding, register_codes
 
 if TYPE_CHECKING:
     from usg.doctor.logs.similar import CaseIndex
 
-__all__ = ["LEARNED", "classify_line", "classify_text", "default_index", "root_error"]
+__all__ = ["LEARNED", "classify_line", "classify_lines", "classify_text", "default_index", "root_error"]
 
 LEARNED = CodeInfo(
     "LOG050",
@@ -91,7 +92,6 @@ _GENERIC_EXCEPTION = re.compile(
 )
 
 _LOOKAHEAD = 4
-MAX_LINE_CHARS = 8192  # the longest line of the labelled corpus has ~1000 characters
 PROGRESS_EVERY = 20_000
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):")
 _FRAME = re.compile(r"^\s+(File \"|\S)|^\s*$|^\s*\^+\s*$|^\s*~+")
@@ -128,9 +128,43 @@ class _Event:
     in_traceback: bool
 
 
-def _events(lines: list[str]) -> Iterable[_Event]:
-    i, n = 0, len(lines)
-    while i < n:
+class _Lines:
+    """The lines of a log read on demand from an iterator, holding only those not yet released: the
+    events are found looking a few lines ahead, so a log of any length is read in bounded memory."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self._it: Iterator[str] = iter(lines)
+        self._held: list[str] = []
+        self._base = 0  # the number of the first held line (0-based)
+        self._done = False
+
+    def has(self, k: int) -> bool:
+        """Whether the log has a line ``k`` (reading up to it)."""
+        while not self._done and k >= self._base + len(self._held):
+            try:
+                self._held.append(next(self._it))
+            except StopIteration:
+                self._done = True
+        return k < self._base + len(self._held)
+
+    def __getitem__(self, k: int) -> str:
+        return self._held[k - self._base]
+
+    def release(self, k: int) -> None:
+        """Lines before ``k`` are not needed any more."""
+        if k - self._base >= 1024:  # dropped in blocks: del of a list's head moves what stays
+            del self._held[: k - self._base]
+            self._base = k
+
+    @property
+    def read(self) -> int:
+        return self._base + len(self._held)
+
+
+def _events(lines: _Lines) -> Iterable[_Event]:
+    i = 0
+    while lines.has(i):
+        lines.release(i)
         line = lines[i]
         tb = _TRACEBACK.search(line)
         if tb:
@@ -140,29 +174,32 @@ def _events(lines: list[str]) -> Iterable[_Event]:
                 return text[len(prefix) :] if prefix and text.startswith(prefix) else text
 
             j = i + 1
-            while j < n and (
+            while lines.has(j) and (
                 _FRAME.match(strip(lines[j])) or _TRACEBACK.search(lines[j]) or _CHAIN.match(strip(lines[j]))
             ):
+                lines.release(j)  # a deep recursion's frames are scanned, not kept
                 j += 1
-            if j < n:
+            if lines.has(j):
                 # the final exception line, plus continuation lines of its message
                 k = j + 1
-                while k < n and k - j <= _LOOKAHEAD and lines[k].strip() and not _looks_like_new_record(lines[k]):
+                while (
+                    lines.has(k) and k - j <= _LOOKAHEAD and lines[k].strip() and not _looks_like_new_record(lines[k])
+                ):
                     k += 1
-                yield _Event(j + 1, strip(lines[j]), "\n".join(strip(x) for x in lines[j:k]), True)
+                yield _Event(j + 1, strip(lines[j]), "\n".join(strip(lines[x]) for x in range(j, k)), True)
                 i = k
                 continue
             i = j
             continue
         if (
-            i + 1 < n and _TRACEBACK.search(lines[i + 1]) and not _any_rule(line)
+            lines.has(i + 1) and _TRACEBACK.search(lines[i + 1]) and not _any_rule(line)
         ):  # "ERROR ... inference failed" announcing the traceback below: the traceback says what failed
             i += 1
             continue
         k = i + 1  # the message may go on below (values, wrapped text), up to the next log record
-        while k < n and k - i <= _LOOKAHEAD and not _looks_like_new_record(lines[k]):
+        while lines.has(k) and k - i <= _LOOKAHEAD and not _looks_like_new_record(lines[k]):
             k += 1
-        yield _Event(i + 1, line, "\n".join(lines[i:k]), False)
+        yield _Event(i + 1, line, "\n".join(lines[x] for x in range(i, k)), False)
         i += 1
 
 
@@ -366,15 +403,6 @@ def _rule_below(f: Finding, errors: list[Finding]) -> Finding | None:
     return None
 
 
-def _bounded(line: str) -> str:
-    """A line cut to its first and last :data:`MAX_LINE_CHARS` / 2 characters (one 50 MB line of escaped JSON
-    or base64 would otherwise cost every regex and the learned layer's n-grams their time and memory)."""
-    if len(line) <= MAX_LINE_CHARS:
-        return line
-    half = MAX_LINE_CHARS // 2
-    return f"{line[:half]} [... {len(line) - 2 * half} characters cut ...] {line[-half:]}"
-
-
 def classify_text(
     text: str,
     source: str = "<log>",
@@ -388,16 +416,42 @@ def classify_text(
     ``index`` is the labelled-case index of the learned layer (default: the packaged corpus);
     ``learned=False`` keeps the signature rules only. The root error is marked ``evidence.root_error``.
     ``progress(lines_read, lines)`` is called every :data:`PROGRESS_EVERY` lines of a long log.
-    Lines longer than :data:`MAX_LINE_CHARS` are read by their beginning and end (:func:`_bounded`).
+    Lines longer than :data:`~usg.doctor.logs.reader.MAX_LINE_CHARS` are read by their beginning and end
+    (:func:`~usg.doctor.logs.reader.bounded`).
+    """
+    lines = text.splitlines()
+    total = len(lines)
+    return classify_lines(
+        (bounded(line) for line in lines),
+        source,
+        index=index,
+        learned=learned,
+        progress=None if progress is None else (lambda done, _: progress(done, total)),
+    )
+
+
+def classify_lines(
+    lines: Iterable[str],
+    source: str = "<log>",
+    *,
+    index: CaseIndex | None = None,
+    learned: bool = True,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> list[Finding]:
+    """:func:`classify_text` on a log given as lines (already cut by
+    :func:`~usg.doctor.logs.reader.bounded`, as :class:`~usg.doctor.logs.reader.LogReader` gives them), read
+    once and in bounded memory: only the few lines the current message spans are held.
+    ``progress(lines_read, None)`` is called every :data:`PROGRESS_EVERY` lines, ``progress(lines, lines)`` at
+    the end.
     """
     idx = (index or default_index()) if learned else None
-    lines = [_bounded(line) for line in text.splitlines()]
+    window = _Lines(lines)
     merged: dict[tuple[str, str], Finding] = {}
-    counts: dict[tuple[str, str], list[int]] = {}
+    seen: dict[tuple[str, str], tuple[int, list[int]]] = {}  # times seen, and the first 20 line numbers
     next_report = PROGRESS_EVERY
-    for ev in _events(lines):
+    for ev in _events(window):
         if progress is not None and ev.line_no >= next_report:
-            progress(ev.line_no, len(lines))
+            progress(ev.line_no, None)
             next_report = ev.line_no + PROGRESS_EVERY
         f = _classify(ev, source, idx)
         if f is None:
@@ -407,19 +461,23 @@ def classify_text(
         if f.code in ("LOG000", LEARNED.code):
             key = (f.code, _normalise(f.evidence["line_text"]))
         if key in merged:
-            counts[key].append(ev.line_no)
+            count, first = seen[key]
+            if len(first) < 20:
+                first.append(ev.line_no)
+            seen[key] = (count + 1, first)
             continue
         merged[key] = f
-        counts[key] = [ev.line_no]
+        seen[key] = (1, [ev.line_no])
     if progress is not None:
-        progress(len(lines), len(lines))
+        progress(window.read, window.read)
     out: list[Finding] = []
     for key, f in merged.items():
-        if len(counts[key]) > 1:
+        count, first = seen[key]
+        if count > 1:
             f = replace(
                 f,
-                message=f.message + f" (seen {len(counts[key])} times)",
-                evidence={**f.evidence, "count": len(counts[key]), "lines": counts[key][:20]},
+                message=f.message + f" (seen {count} times)",
+                evidence={**f.evidence, "count": count, "lines": first},
             )
         out.append(f)
     root = root_error(out)
