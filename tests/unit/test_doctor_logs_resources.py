@@ -301,3 +301,39 @@ def test_installed_version_below_the_minimum_in_other_words() -> None:
 
 def test_a_python_interpreter_minimum_is_not_a_package() -> None:
     assert _root_code("RuntimeError: Python >= 3.10 is required, but found 3.8.10") != "LOG082"
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "cause"),
+    [
+        (
+            "RuntimeError: \nUnknown builtin op: aten::scaled_dot_product_attention.\nHere are some suggestions: \n"
+            "\taten::_scaled_dot_product_attention",
+            "aten::scaled_dot_product_attention",
+            RootCause.VERSION_COUPLING,
+        ),
+        (
+            "failed to load 'encoder' version 1: Internal: load failed for libtorch model -> 'encoder: \nUnknown type "
+            "name 'Optional[Tensor]':\nSerialized   File \"code/__torch__/model.py\", line 9",
+            "Optional",
+            RootCause.VERSION_COUPLING,
+        ),
+        (
+            "RuntimeError: \nUnknown builtin op: torchvision::nms.\nCould not find any similar ops",
+            "torchvision::nms",
+            RootCause.ENVIRONMENT,
+        ),
+        (
+            "Unknown type name '__torch__.torch.classes.tokenizers.Vocab':",
+            "__torch__.torch.classes.tokenizers.Vocab",
+            RootCause.ENVIRONMENT,
+        ),
+    ],
+)
+def test_torchscript_type_or_op_the_runtime_does_not_know(text: str, name: str, cause: RootCause) -> None:
+    root = root_of(text)
+    assert (root.code, root.root_cause, root.evidence["name"]) == ("LOG117", cause, name)
+
+
+def test_a_c_compiler_unknown_type_is_not_torchscript() -> None:
+    assert _root_code("main.c:3:1: error: unknown type name 'uint8_t'") != "LOG117"

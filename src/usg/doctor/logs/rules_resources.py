@@ -194,3 +194,33 @@ def _unknown_version(m: re.Match[str]) -> Explained:
         "install the NPU driver release that matches the OpenVINO release (its release notes list the pair)",
         {"npu_version_check": m["ze"]},
     )
+
+
+@_rule(
+    "LOG117",
+    "torchscript",
+    "a TorchScript file names a type or op the loading libtorch does not know",
+    R.VERSION_COUPLING,
+    # TorchScript's capitalised wording (a C compiler's "error: unknown type name 'size_t'" is left alone)
+    r"(?-i:Unknown (?:type name|builtin op:?)) '?(?P<name>[\w.:]*\w)'?",
+    also=(R.ENVIRONMENT,),
+)
+def _torchscript_unknown(m: re.Match[str]) -> Explained:
+    name = m["name"]
+    custom = "torch.classes" in name or ("::" in name and name.split("::", 1)[0] not in ("aten", "prim", "quantized"))
+    if custom:  # a custom op/class: the library that registers it is not loaded in the loading process
+        return Explained(
+            f"the TorchScript file uses {name!r}, a custom op or class the loading process has not registered: the "
+            "library that defines it is not loaded",
+            "load the extension before torch.jit.load (torch.ops.load_library('libcustom_ops.so') / import the "
+            "package; Triton: LD_PRELOAD or the model's library path)",
+            {"name": name},
+            R.ENVIRONMENT,
+        )
+    return Explained(
+        f"the TorchScript file uses {name!r}, which the loading libtorch does not know: the file was scripted/traced "
+        "by a newer PyTorch than the runtime loading it (Triton's libtorch backend, a C++ app, an older torch)",
+        "script/trace the model with the PyTorch release of the runtime (the Triton release notes list its libtorch), "
+        "or upgrade the runtime",
+        {"name": name},
+    )
