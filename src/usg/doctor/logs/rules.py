@@ -102,7 +102,7 @@ def _byte_size2(m: re.Match[str]) -> Explained:
     "triton",
     "input datatype mismatch",
     R.DTYPE_OR_RANGE,
-    r"(?:unexpected datatype (?P<got>TYPE_\w+) for input '(?P<input>[^']+)', expecting (?P<exp>TYPE_\w+)"
+    r"(?:unexpected datatype (?P<got>TYPE_\w+) for (?:inference )?input '(?P<input>[^']+)', expecting (?P<exp>TYPE_\w+)"
     r"|inference input data-type is '(?P<got2>\w+)', model expects '(?P<exp2>\w+)' for '(?P<input2>[^']+)')",
 )
 def _triton_dtype(m: re.Match[str]) -> Explained:
@@ -227,6 +227,7 @@ def _frozen_axes(model_shape: str, config_shape: str) -> list[int]:
 
 
 _MAX_BATCH = 256  # the largest size axis 0 is read as a batch at
+_NOT_A_BATCH = 10_000  # ... and a size on axis 0 no batch reaches (samples, tokens, buffer entries)
 
 
 @_rule(
@@ -234,14 +235,16 @@ _MAX_BATCH = 256  # the largest size axis 0 is read as a batch at
     "onnxruntime",
     "invalid dimensions for input",
     R.SHAPE_OR_RANK,
-    r"Got invalid dimensions for input: (?P<input>\S+) for the following indices\s*index: (?P<idx>\d+) Got: "
+    r"Got invalid dimensions for input: (?P<input>\S+) for the following indices[\s>]*index: (?P<idx>\d+) Got: "
     r"(?P<got>\d+) Expected: (?P<exp>\d+)",
     also=(R.DYNAMIC_SHAPE_FIXED,),
 )
 def _ort_dims(m: re.Match[str]) -> Explained:
     idx, got, exp = int(m["idx"]), int(m["got"]), int(m["exp"])
     ev = {"input": m["input"], "index": idx, "got": got, "expected": exp}
-    if idx == 0 and min(got, exp) <= _MAX_BATCH:  # axis 0 of a state/buffer input (sizes in the 10,000s) is no batch
+    # axis 0 of a state/buffer input (sizes in the 10,000s) is no batch, whichever side holds them (196320 audio
+    # samples sent without their batch axis to a model expecting 1: the rank is off, not a frozen batch)
+    if idx == 0 and min(got, exp) <= _MAX_BATCH and max(got, exp) < _NOT_A_BATCH:
         return Explained(
             f"input {m['input']!r} has a fixed batch dimension {exp} in the ONNX graph but got {got}",
             "re-export with a dynamic batch axis (dynamic_axes={'" + m["input"] + "': {0: 'batch'}}) — "
@@ -262,7 +265,7 @@ def _ort_dims(m: re.Match[str]) -> Explained:
     "onnxruntime",
     "unexpected input data type",
     R.DTYPE_OR_RANGE,
-    r"Unexpected input data type\. Actual: \((?P<got>[^)]+\)?)\)\s*,\s*expected: \((?P<exp>[^)]+\)?)\)",
+    r"Unexpected input data type\.\s*Actual: \((?P<got>[^)]+\)?)\)\s*,\s*expected: \((?P<exp>[^)\n]+\)?)\)?",
 )
 def _ort_dtype(m: re.Match[str]) -> Explained:
     got, exp = m["got"], m["exp"]
@@ -277,6 +280,42 @@ def _ort_dtype(m: re.Match[str]) -> Explained:
 def _np_name(ort_type: str) -> str:
     t = ort_type.replace("tensor(", "").rstrip(")")
     return {"float": "float32", "double": "float64", "float16": "float16"}.get(t, t)
+
+
+@_rule(
+    "LOG114",
+    "onnx",
+    "a tensor type the graph's operator does not take (ONNX type check)",
+    R.DTYPE_OR_RANGE,
+    # ONNX's type inference, as ONNX Runtime, onnx.checker and Triton's backends print it (a graph that fails it is
+    # "an invalid model", but what is invalid is one tensor's element type at one operator)
+    r"Type Error: Type '?(?P<t1>tensor\(\w+\))'? of input parameter \((?P<param>[^)\n]*)\)(?: of operator "
+    r"\((?P<op>\w+)\)?)?(?: in node \((?P<node>[^)\n]*)\))?"
+    r"|Type Error: Type parameter \((?P<tp>\w+)\)(?: of Optype \((?P<op2>\w+)\))? bound to different types "
+    r"\((?P<a>tensor\(\w+\)) and (?P<b>tensor\(\w+\))\)? in node \((?P<node2>[^)\n]*)\)?"
+    r"|Type Error: Type \((?P<t3>tensor\(\w+\))\) of output arg \((?P<out>[^)\n]*)\) of node \((?P<node3>[^)\n]*)\) "
+    r"does not match expected type \((?P<exp3>tensor\(\w+\))\)",
+)
+def _onnx_type_check(m: re.Match[str]) -> Explained:
+    if m["t1"]:
+        node = f" in node {m['node']!r}" if m["node"] else ""
+        what = f"operator {m['op'] or '(cut off)'}{node} does not take {m['t1']} for input {m['param']!r}"
+        ev = {"operator": m["op"], "node": m["node"] or None, "type": m["t1"], "input": m["param"]}
+    elif m["a"]:
+        on = f" of {m['op2']}" if m["op2"] else ""
+        what = f"type parameter {m['tp']}{on} gets both {m['a']} and {m['b']} in node {m['node2']!r}"
+        ev = {"operator": m["op2"], "node": m["node2"], "types": [m["a"], m["b"]]}
+    else:
+        what = f"node {m['node3']!r} produces {m['t3']} for {m['out']!r} where {m['exp3']} is declared"
+        ev = {"node": m["node3"], "type": m["t3"], "expected": m["exp3"], "output": m["out"]}
+    return Explained(
+        f"the ONNX graph's types do not check: {what} — an exporter or converter (fp16 conversion, a cast it "
+        "dropped, a constant of another dtype) left a tensor of a type the operator's schema does not allow",
+        "insert a Cast to a type the operator takes (or export with consistent dtypes: convert to fp16 with "
+        "keep_io_types / an op block list, cast index tensors to int64), then check with onnx.checker.check_model("
+        "model, full_check=True)",
+        ev,
+    )
 
 
 @_rule(
@@ -458,6 +497,7 @@ def _no_version_dir(m: re.Match[str]) -> Explained:
 from usg.doctor.logs import rules_compat, rules_engines, rules_limits, rules_openvino, rules_ray  # noqa: E402,F401  (register their rules)
 
 import_module("usg.doctor.logs.rules_setup")  # devices, ports, PATH, listed values: before the cross-engine wording
+import_module("usg.doctor.logs.rules_resources")  # placement groups, GPU features, pickled classes, profiles
 
 import_module("usg.doctor.logs.rules_generic")  # cross-engine wording: after every engine's own rules
 import_module("usg.doctor.logs.rules_drift")  # registers the drift rule last: a message other rules know stays theirs

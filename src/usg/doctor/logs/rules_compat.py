@@ -26,7 +26,9 @@ __all__: list[str] = []
     r"engine plan file is (?:not compatible with this version of TensorRT, expecting library version "
     r"(?P<runtime>[\d.]+) got (?P<plan>[\d.]+)|generated on an incompatible device, expecting compute "
     r"(?P<gpu>[\d.]+) got compute (?P<built>[\d.]+))"
-    r"|Version tag does not match\. Note: Current Version: (?P<cur>\d+), Serialized Engine Version: (?P<ser>\d+)",
+    r"|Version tag does not match\. Note: Current Version: (?P<cur>\d+), Serialized Engine Version: (?P<ser>\d+)"
+    # TensorRT 5-7 said it without the versions: "Serialization Error in verifyHeader: 0 (Version tag does not match)"
+    r"|(?P<tag>Serialization Error in verifyHeader: \d+ \(Version tag does not match\))",
     also=(R.ENVIRONMENT,),
 )
 def _trt_plan(m: re.Match[str]) -> Explained:
@@ -37,6 +39,14 @@ def _trt_plan(m: re.Match[str]) -> Explained:
             "rebuild the engine with the TensorRT (or TensorRT-LLM) release of the serving image, and check that only "
             "one TensorRT is installed (LD_LIBRARY_PATH and the Python package can point at different ones)",
             {"runtime_serialization_version": int(m["cur"]), "engine_serialization_version": int(m["ser"])},
+        )
+    if m["tag"]:
+        return Explained(
+            "the engine was serialized by another TensorRT than the one loading it (its version tag differs): a plan "
+            "only loads in the TensorRT version that built it",
+            "rebuild the engine with the TensorRT of the machine/image that runs it (build it there), and check that "
+            "only one TensorRT is installed",
+            {"serialization_version_tag": "differs"},
         )
     if m["runtime"]:
         return Explained(

@@ -20,6 +20,7 @@ __all__: list[str] = []
 
 _QTY = re.compile(r"\b\d+(?:\.\d+)?\s*(?:[a-z]+\s+)?(?:[KMGT]i?B|bytes|tokens)\b", re.IGNORECASE)
 _FLAG = re.compile(r"(?:--|`)([a-z][\w-]*[a-z])`?")
+_CONDITIONAL = re.compile(r"\b(?:if|in case|to avoid|to prevent)\b[^.;:\n]*$", re.IGNORECASE)
 
 
 @_rule(
@@ -28,10 +29,17 @@ _FLAG = re.compile(r"(?:--|`)([a-z][\w-]*[a-z])`?")
     "not enough memory (stated in words)",
     R.MEMORY,
     r"\b(?:not enough|insufficient) (?:GPU |device |host |CPU |system )?memory\b|\bno memory is available\b|"
-    r"\bcannot allocate memory\b",
+    r"\bcannot allocate memory\b|"
+    # "out of memory" in any engine's words (CUDA runtime/driver codes, TensorRT's "Error Code 2: OutOfMemory",
+    # torch's OutOfMemoryError without "Tried to allocate", XLA's RESOURCE_EXHAUSTED, TensorFlow's OOM): all 31
+    # corpus excerpts with these words are memory
+    r"\bout of (?:GPU |device |host |CUDA |CPU )?memory\b|OutOfMemory|\bOOM when allocating\b|"
+    r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|\bwould exceed (?:the )?allowed memory\b",
 )
-def _not_enough_memory(m: re.Match[str]) -> Explained:
+def _not_enough_memory(m: re.Match[str]) -> Explained | None:
     line = m.string[m.string.rfind("\n", 0, m.start()) + 1 :].split("\n", 1)[0]
+    if _CONDITIONAL.search(m.string[max(0, m.start() - 40) : m.start()]):
+        return None  # advice printed at start-up ("If you are running out of memory, consider ..."), not an error
     ev: dict[str, Any] = {"quantities": _QTY.findall(line)[:4] or None}
     flags = [f for f in _FLAG.findall(line) if "-" in f or "_" in f]
     if flags:
@@ -334,13 +342,19 @@ def _weights_only(m: re.Match[str]) -> Explained | None:
     r"|requires (?P<pkg4>[\w.-]+) ?>= ?(?P<min4>\d+(?:\.\d+)*\w*),? but (?:found )?(?:[\w.-]+ )?"
     r"(?:version )?(?P<have4>\d+(?:\.\d+)+\w*)"
     r"|(?P<pkg5>[\w.-]+) version (?P<have5>\d+(?:\.\d+)+\w*) is not supported,? please (?:install|upgrade to|use) "
-    r"[\w.-]+ ?>= ?(?P<min5>\d+(?:\.\d+)*\w*)",
+    r"[\w.-]+ ?>= ?(?P<min5>\d+(?:\.\d+)*\w*)"
+    # "<pkg> is installed with version B, which is less than the minimum required version A"
+    r"|(?P<pkg6>[\w.-]+) is installed with version (?P<have6>\d+(?:\.\d+)+\w*),? which is (?:less|lower|older) than "
+    r"the minimum required version (?P<min6>\d+(?:\.\d+)*\w*)",
 )
 def _minimum_version(m: re.Match[str]) -> Explained | None:
-    pkg = m["pkg"] or m["pkg2"] or m["pkg3"] or m["pkg4"] or m["pkg5"]
-    low = m["min"] or m["min2"] or m["spec3"] or m["min4"] or m["min5"]
-    have = m["have2"] or m["have3"] or m["have4"] or m["have5"]
-    if re.search(r"driver|cuda|nvidia|gpu|capability|python|sm_?\d", pkg, re.IGNORECASE):  # the machine, not a package
+    pkg = m["pkg"] or m["pkg2"] or m["pkg3"] or m["pkg4"] or m["pkg5"] or m["pkg6"]
+    low = m["min"] or m["min2"] or m["spec3"] or m["min4"] or m["min5"] or m["min6"]
+    have = m["have2"] or m["have3"] or m["have4"] or m["have5"] or m["have6"]
+    # the machine, not a package ("flashinfer_python" is a package; "Python" alone the interpreter)
+    if re.search(r"driver|cuda|nvidia|gpu|capability|sm_?\d", pkg, re.IGNORECASE) or re.fullmatch(
+        r"python\d*(?:\.\d+)?", pkg, re.IGNORECASE
+    ):
         return None
     spec = low if low[0] in "<>=~!" else f">={low}"
     return Explained(

@@ -332,7 +332,9 @@ def _shared_library(m: re.Match[str]) -> Explained:
     R.CONFIG_INVALID,
     r"SafetensorError: Error while deserializing header: (?P<st>HeaderTooLarge|InvalidHeaderDeserialization|"
     r"MetadataIncompleteBuffer|InvalidHeader\w*)|UnpicklingError: invalid load key, '(?P<key>[^'\n]{1,4})'"
-    r"|(?P<trt>magicTagRead == kMAGIC_TAG failed)",
+    r"|(?P<trt>magicTagRead == kMAGIC_TAG failed)"
+    # torch.load of a truncated file: the storage the header declares is not all there
+    r"|storage has wrong size: expected (?P<want>\d+) got (?P<got>\d+)",
 )
 def _not_a_weights_file(m: re.Match[str]) -> Explained:
     if m["trt"]:
@@ -343,7 +345,12 @@ def _not_a_weights_file(m: re.Match[str]) -> Explained:
             "tool), or rebuild the engine",
             {"file_check": "TensorRT magic tag"},
         )
-    what = f"safetensors header ({m['st']})" if m["st"] else f"pickle load key {m['key']!r}"
+    if m["st"]:
+        what = f"safetensors header ({m['st']})"
+    elif m["key"]:
+        what = f"pickle load key {m['key']!r}"
+    else:
+        what = f"a tensor storage of {m['got']} elements where its header declares {m['want']}"
     lfs = " ('v' is the first letter of a Git LFS pointer file: 'version https://git-lfs…')" if m["key"] == "v" else ""
     return Explained(
         f"the weights file is not a complete checkpoint{lfs}: {what} — an interrupted download, a Git LFS pointer "
