@@ -296,3 +296,31 @@ def test_resize_trt_cannot_import_is_an_error_when_deploying_to_tensorrt(tmp_pat
     f = only(findings(p, "tensorrt=10.3"), "ONNX011")
     assert f.severity is Severity.ERROR and f.evidence["tensorrt"] == "10.3"
     assert f.evidence["coordinate_transformation_mode"] == "tf_crop_and_resize"
+
+
+def test_an_empty_file_is_named_empty_not_a_bad_ir_version(tmp_path: Path) -> None:
+    p = tmp_path / "m.onnx"
+    p.write_bytes(b"")
+    fs = findings(p)
+    f = only(fs, "ONNX018")
+    assert "empty (0 bytes)" in f.message and "again" in f.fix and "ONNX001" not in codes(fs)
+
+
+def test_a_graph_without_outputs_is_an_error(tmp_path: Path) -> None:
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [vi("x", T.FLOAT, ["N", 3])], [])
+    f = only(findings(save(tmp_path, m)), "ONNX019")
+    assert f.severity is Severity.ERROR and "output_names" in f.fix
+
+
+@pytest.mark.parametrize(("shape", "axis", "value"), [([-5, 3], 0, -5), (["N", -2], 1, -2)])
+def test_a_negative_declared_dimension_is_named(tmp_path: Path, shape: list[Any], axis: int, value: int) -> None:
+    fs = findings(save(tmp_path, relu_model(shape)))
+    hits = [f for f in fs if f.code == "ONNX020"]
+    assert hits and all(f.severity is Severity.WARNING for f in hits)
+    assert (hits[0].evidence["axis"], hits[0].evidence["dim_value"]) == (axis, value)
+    assert hits[0].evidence["input"] == "x"
+
+
+def test_minus_one_the_paddle_and_triton_dynamic_size_is_not_flagged(tmp_path: Path) -> None:
+    # rapidocr's ch_ppocr_mobile_v2.0_cls_infer.onnx (Paddle2ONNX) declares [-1, 3, 48, 192]
+    assert "ONNX020" not in codes(findings(save(tmp_path, relu_model([-1, 3]))))

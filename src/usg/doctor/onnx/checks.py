@@ -5,7 +5,7 @@ data, which is only located, never read). Semantic checks (batch dims, Resize,
 fp16, int64...) live in :mod:`usg.doctor.onnx.semantics`; versions and the
 ONNX Runtime session in :mod:`usg.doctor.onnx.runtime_compat`.
 
-Codes: ONNX001, ONNX002, ONNX005, ONNX014-ONNX018.
+Codes: ONNX001, ONNX002, ONNX005, ONNX014-ONNX020.
 """
 
 from __future__ import annotations
@@ -93,6 +93,23 @@ C_UNUSED_IN = CodeInfo(
     "unused graph input",
     "A graph input no node reads; servers still require clients to send it.",
 )
+C_NO_OUTPUTS = CodeInfo(
+    "ONNX019",
+    E,
+    RootCause.CONFIG_INVALID,
+    "graph declares no outputs",
+    "A graph without outputs loads but can never be run: ONNX Runtime refuses every request with "
+    '"At least one output should be requested".',
+)
+C_NEGATIVE_DIM = CodeInfo(
+    "ONNX020",
+    W,
+    RootCause.CONFIG_INVALID,
+    "negative dimension in a graph input or output",
+    "A declared dimension below -1 is no size: ONNX Runtime reads it as dynamic, while tools that read the "
+    "file's shapes (server configs, clients) see the number. (-1 is the dynamic-size convention of "
+    "Paddle2ONNX and Triton, and is not flagged.)",
+)
 
 
 @dataclass
@@ -146,6 +163,9 @@ def _load(path: Path) -> OnnxSubject:
     if size >= PROTOBUF_LIMIT:
         subject.load_error = "too_big"
         return subject
+    if size == 0:  # onnx.load reads 0 bytes as an empty model, which the checker then calls a bad ir_version
+        subject.load_error = "empty"
+        return subject
     try:
         subject.model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
@@ -189,6 +209,15 @@ def check_loadable(s: OnnxSubject) -> Iterator[Finding]:
             "all_tensors_to_one_file=True, location='model.onnx.data')",
             size_bytes=s.size,
             limit_bytes=PROTOBUF_LIMIT,
+        )
+    elif s.load_error == "empty":
+        yield _f(
+            C_LOAD,
+            s,
+            "the file is empty (0 bytes)",
+            "the export or the copy that wrote it did not finish (a full disk, a killed process, an interrupted "
+            "download): export or copy the model again",
+            size_bytes=0,
         )
     elif s.load_error is not None:
         yield _f(
@@ -372,3 +401,35 @@ def check_unused(s: OnnxSubject) -> Iterator[Finding]:
                 element=inp.name,
                 input=inp.name,
             )
+
+
+@check("onnx", codes=[C_NO_OUTPUTS, C_NEGATIVE_DIM])
+def check_graph_signature(s: OnnxSubject) -> Iterator[Finding]:
+    """What a server and its clients read from the graph's inputs and outputs."""
+    if s.model is None:
+        return
+    g = s.model.graph
+    if not g.output:
+        yield _f(
+            C_NO_OUTPUTS,
+            s,
+            f"the graph declares no outputs ({len(g.node)} node(s)): no request can be answered",
+            "list the tensors to return in graph.output (torch.onnx.export: output_names=[...]; graph surgery: "
+            "graph.output.append(onnx.helper.make_tensor_value_info(name, elem_type, shape)))",
+            nodes=len(g.node),
+        )
+    for kind, values in (("input", g.input), ("output", g.output)):
+        for v in values:
+            dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else []
+            bad = [(axis, d.dim_value) for axis, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value < -1]
+            if bad:
+                axis, value = bad[0]
+                yield _f(
+                    C_NEGATIVE_DIM,
+                    s,
+                    f"graph {kind} {v.name!r} declares dimension {value} on axis {axis}",
+                    f"give axis {axis} a symbolic name (e.g. 'batch', torch.onnx.export dynamic_axes) if it varies, "
+                    "or its size if it is fixed",
+                    element=v.name,
+                    **{kind: v.name, "axis": axis, "dim_value": value},
+                )
