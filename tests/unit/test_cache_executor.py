@@ -317,3 +317,21 @@ def test_a_hit_never_bypasses_a_limit_the_miss_would_enforce():
     assert node_keys(image_graph(), ids, digests, ["raw"]) != node_keys(gif_only, ids, digests, ["raw"])
     with Executor(gif_only) as ex, pytest.raises(InputError, match="allowed format"):
         ex.infer_sync({"image": _png(64, 32)})
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"outputs": ["abc"]}, [1, 2], {"outputs": {"y": 1}, "alias": ["y"]}, "text", None],
+    ids=["outputs-a-list", "record-a-list", "alias-unhashable", "record-a-str", "record-none"],
+)
+def test_a_well_encoded_value_that_is_not_a_node_record_is_a_miss(record):
+    fake = Counting()
+    with Executor(graph(), backends={"m": fake}) as ex:
+        ex.infer_sync({"text": "abc"})
+        store = next(iter(ex.cache.stores.values()))
+        for key in list(store._items):
+            store.put_now(key, encode(key, record))
+        r = ex.infer_sync({"text": "abc"})
+        errors = ex.cache.stats["emb"].errors
+    np.testing.assert_array_equal(r.outputs["y"], [[6.0]])
+    assert errors == 1 and len(fake.calls) == 2

@@ -173,13 +173,15 @@ class NodeCache:
     def _decode(self, name: str, key: str, data: bytes) -> Any:
         try:
             record = decode(key, data)
+            if not isinstance(record, dict) or not isinstance(record.get("outputs"), dict):
+                raise CodecError(f"a {type(record).__name__} where a node record (with an outputs dict) belongs")
             outputs = dict(record["outputs"])
             if record.get("empty"):
                 return self._empty()
             if record.get("alias") is not None:
                 outputs[OUT_ALIAS] = outputs[record["alias"]]
             return outputs
-        except (CodecError, KeyError, TypeError) as exc:
+        except Exception as exc:  # whatever a store holds, a value that does not decode is a miss, never a failure
             self.stats[name].errors += 1
             log.warning("cache: node %r: a stored value did not decode (%s); computing it", name, exc)
             self._event(name, "error", 0.0)
