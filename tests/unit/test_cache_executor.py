@@ -335,3 +335,18 @@ def test_a_well_encoded_value_that_is_not_a_node_record_is_a_miss(record):
         errors = ex.cache.stats["emb"].errors
     np.testing.assert_array_equal(r.outputs["y"], [[6.0]])
     assert errors == 1 and len(fake.calls) == 2
+
+
+@pytest.mark.parametrize("outputs", [{}, {"z": np.zeros((1, 1), np.float32)}], ids=["no-outputs", "another-port"])
+def test_a_stored_value_without_a_port_the_graph_reads_is_a_miss_not_a_missing_output(outputs, caplog):
+    fake = Counting()
+    with Executor(graph(), backends={"m": fake}) as ex:
+        ex.infer_sync({"text": "abc"})
+        store = next(iter(ex.cache.stores.values()))
+        for key in list(store._items):
+            store.put_now(key, encode(key, {"outputs": outputs, "alias": None}))
+        r = ex.infer_sync({"text": "abc"})
+        errors = ex.cache.stats["emb"].errors
+    np.testing.assert_array_equal(r.outputs["y"], [[6.0]])  # computed, not served without 'y'
+    assert errors == 1 and len(fake.calls) == 2
+    assert "lack the port(s) y the graph reads" in caplog.text

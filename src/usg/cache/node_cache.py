@@ -86,6 +86,9 @@ class NodeCache:
             if spec.store_key not in self.stores:
                 self.stores[spec.store_key] = make_store(spec)
         self.stats = {n: NodeCacheStats() for n in self.cached}
+        refs = [*(r for d in graph.nodes.values() for r in d.inputs.values()), *graph.outputs.values()]
+        #: the ports of each cached node that other nodes or the graph's outputs read: a stored value must hold them
+        self.read_ports = {n: {r.port for r in refs if r.source == n} for n in self.cached}
         self.identities: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Future[Any]] = {}
 
@@ -180,6 +183,12 @@ class NodeCache:
                 return self._empty()
             if record.get("alias") is not None:
                 outputs[OUT_ALIAS] = outputs[record["alias"]]
+            missing = self.read_ports[name].difference(outputs)
+            if missing:  # served, it would drop an output or fail a consumer: a wrong answer
+                raise CodecError(
+                    f"the stored outputs ({', '.join(map(str, outputs)) or 'none'}) lack the port(s) "
+                    f"{', '.join(sorted(missing))} the graph reads"
+                )
             return outputs
         except Exception as exc:  # whatever a store holds, a value that does not decode is a miss, never a failure
             self.stats[name].errors += 1
