@@ -114,6 +114,9 @@ def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> 
             await ws.send("not json")
             await ws.send(encode_chunk("audio", b"\x00" * 3, 0.0))
             await ws.send(encode_chunk("video", b"\x00" * 4, 0.0))
+            deep = b"[" * 2000 + b"]" * 2000  # past the JSON parser's recursion limit: the session used to end 1011
+            await ws.send(len(deep).to_bytes(4, "big") + deep + b"\x00\x00")
+            await ws.send("[" * 50_000 + "]" * 50_000)
             await asyncio.sleep(1.0)  # the rate limit's bucket refills
             await ws.send(encode_chunk("audio", b"\x00\x00" * 512, 32.0))
             await ws.send(json.dumps({"type": "close"}))
@@ -127,11 +130,14 @@ def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> 
         (400, "frame"),
         (400, "chunk"),
         (400, "input"),
+        (400, "frame"),
+        (400, "frame"),
     ]
     assert "above the session limit of 65536 bytes" in errors[0]["message"]
     assert "--stream-limit max_chunk_bytes" in errors[0]["fix"]
     assert "not a whole number of 2-byte samples" in errors[3]["message"]
     assert "speech-stream" not in errors[4]["message"] and "audio" in errors[4]["fix"]
+    assert [e["message"] for e in errors[5:]] == ["binary frame header nests too deeply", "text frame nests too deeply"]
     assert [e["type"] for e in events if e["type"] != "error"] == ["result", "closed"]
 
 
