@@ -193,7 +193,17 @@ def test_an_idle_session_is_flushed_and_closed(server: Server) -> None:
     assert events[-1] == {"type": "closed", "reason": "idle_timeout", "chunks": 2}  # the chunk and the flush run
 
 
+def _rejected(server: Server, reason: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith(f'usg_rejected_requests_total{{reason="{reason}"}}'))
+    return float(line.split()[-1])
+
+
 def test_unknown_graph_is_refused(server: Server) -> None:
+    before = _rejected(server, "bad_input")
+
     async def run() -> tuple[dict[str, Any], int | None]:
         async with websockets.connect(_url(server, "nope")) as ws:
             first = json.loads(await ws.recv())
@@ -203,6 +213,7 @@ def test_unknown_graph_is_refused(server: Server) -> None:
 
     first, code = asyncio.run(run())
     assert code == 1008 and first["field"] == "graph" and "/v1/stream/speech-stream" in first["fix"]
+    assert _rejected(server, "bad_input") == before + 1  # a refused session is counted as HTTP refusals are
 
 
 def _stalled_client(port: int, path: str, chunks: int, text: str) -> tuple[list[Any], bool]:
