@@ -114,6 +114,9 @@ def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> 
             await ws.send("not json")
             await ws.send(encode_chunk("audio", b"\x00" * 3, 0.0))
             await ws.send(encode_chunk("video", b"\x00" * 4, 0.0))
+            deep = b"[" * 2000 + b"]" * 2000  # past the JSON parser's recursion limit: the session used to end 1011
+            await ws.send(len(deep).to_bytes(4, "big") + deep + b"\x00\x00")
+            await ws.send("[" * 50_000 + "]" * 50_000)
             await asyncio.sleep(1.0)  # the rate limit's bucket refills
             await ws.send(encode_chunk("audio", b"\x00\x00" * 512, 32.0))
             await ws.send(json.dumps({"type": "close"}))
@@ -127,11 +130,14 @@ def test_hostile_frames_are_answered_and_the_session_goes_on(server: Server) -> 
         (400, "frame"),
         (400, "chunk"),
         (400, "input"),
+        (400, "frame"),
+        (400, "frame"),
     ]
     assert "above the session limit of 65536 bytes" in errors[0]["message"]
     assert "--stream-limit max_chunk_bytes" in errors[0]["fix"]
     assert "not a whole number of 2-byte samples" in errors[3]["message"]
     assert "speech-stream" not in errors[4]["message"] and "audio" in errors[4]["fix"]
+    assert [e["message"] for e in errors[5:]] == ["binary frame header nests too deeply", "text frame nests too deeply"]
     assert [e["type"] for e in events if e["type"] != "error"] == ["result", "closed"]
 
 
@@ -187,7 +193,17 @@ def test_an_idle_session_is_flushed_and_closed(server: Server) -> None:
     assert events[-1] == {"type": "closed", "reason": "idle_timeout", "chunks": 2}  # the chunk and the flush run
 
 
+def _rejected(server: Server, reason: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith(f'usg_rejected_requests_total{{reason="{reason}"}}'))
+    return float(line.split()[-1])
+
+
 def test_unknown_graph_is_refused(server: Server) -> None:
+    before = _rejected(server, "bad_input")
+
     async def run() -> tuple[dict[str, Any], int | None]:
         async with websockets.connect(_url(server, "nope")) as ws:
             first = json.loads(await ws.recv())
@@ -197,6 +213,7 @@ def test_unknown_graph_is_refused(server: Server) -> None:
 
     first, code = asyncio.run(run())
     assert code == 1008 and first["field"] == "graph" and "/v1/stream/speech-stream" in first["fix"]
+    assert _rejected(server, "bad_input") == before + 1  # a refused session is counted as HTTP refusals are
 
 
 def _stalled_client(port: int, path: str, chunks: int, text: str) -> tuple[list[Any], bool]:

@@ -79,3 +79,48 @@ def test_memory_store_evicts_least_recently_used_within_its_byte_bound():
     assert store.get_now("c") is None and store.get_now("b") is not None
     store.put_now("huge", b"z" * 1000)  # larger than the bound: not kept, nothing evicted for it
     assert store.get_now("huge") is None and store.stats.bytes_held == 200
+
+
+def _frame(header: bytes, arrays: bytes = b"") -> bytes:
+    """A stored value with this JSON header and these array frames (as a store could hold them)."""
+    return b"USGC1" + len(header).to_bytes(8, "little") + header + arrays
+
+
+def _npy_frame(descr: str, shape: tuple[int, ...], body: bytes) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    npy = buf.getvalue() + body
+    return len(npy).to_bytes(8, "little") + npy
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        # nested past the interpreter's recursion limit: in the JSON text, and in the value tree
+        (_frame(b"[" * 100_000 + b"]" * 100_000), "RecursionError"),
+        (_frame(b'{"key":"' + KEY.encode() + b'","value":' + b"[" * 900 + b"]" * 900 + b"}"), "RecursionError"),
+        (_frame(b'{"key":"' + KEY.encode() + b'","value":' + b'{"$t":[' * 600 + b"]}" * 600 + b"}"), "Recursion"),
+        # an array header that declares 4 TiB over 8 bytes: refused before anything is allocated
+        (
+            _frame(b'{"key":"' + KEY.encode() + b'","value":{"$a":0}}', _npy_frame("<f4", (1 << 40,), b"\0" * 8)),
+            r"declares shape \(1099511627776,\) float32 \(4398046511104 bytes\) but 8 bytes follow",
+        ),
+        (
+            _frame(b'{"key":"' + KEY.encode() + b'","value":{"$a":0}}', _npy_frame("<f4", (4,), b"\0" * 8)),
+            r"declares shape \(4,\) float32 \(16 bytes\) but 8 bytes follow",
+        ),
+        (
+            _frame(b'{"key":"' + KEY.encode() + b'","value":{"$a":0}}', (0).to_bytes(8, "little")),
+            "reading magic string",
+        ),
+    ],
+    ids=["deep-json", "deep-lists", "deep-tuples", "forged-huge-shape", "short-array", "empty-array-frame"],
+)
+def test_hostile_stored_values_are_codec_errors_never_a_crash(data: bytes, match: str) -> None:
+    with pytest.raises(CodecError, match=match):
+        decode(KEY, data)
+
+
+def test_an_array_whose_header_matches_its_bytes_still_decodes() -> None:
+    data = _frame(b'{"key":"' + KEY.encode() + b'","value":{"$a":0}}', _npy_frame("<f4", (2,), b"\0" * 8))
+    np.testing.assert_array_equal(decode(KEY, data), np.zeros(2, np.float32))

@@ -3,6 +3,7 @@ integrity digests, eviction, TTL, poisoned values, model identity, graph ``cache
 
 import asyncio
 import hashlib
+import re
 import threading
 import time
 
@@ -317,3 +318,66 @@ def test_a_hit_never_bypasses_a_limit_the_miss_would_enforce():
     assert node_keys(image_graph(), ids, digests, ["raw"]) != node_keys(gif_only, ids, digests, ["raw"])
     with Executor(gif_only) as ex, pytest.raises(InputError, match="allowed format"):
         ex.infer_sync({"image": _png(64, 32)})
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"outputs": ["abc"]}, [1, 2], {"outputs": {"y": 1}, "alias": ["y"]}, "text", None],
+    ids=["outputs-a-list", "record-a-list", "alias-unhashable", "record-a-str", "record-none"],
+)
+def test_a_well_encoded_value_that_is_not_a_node_record_is_a_miss(record):
+    fake = Counting()
+    with Executor(graph(), backends={"m": fake}) as ex:
+        ex.infer_sync({"text": "abc"})
+        store = next(iter(ex.cache.stores.values()))
+        for key in list(store._items):
+            store.put_now(key, encode(key, record))
+        r = ex.infer_sync({"text": "abc"})
+        errors = ex.cache.stats["emb"].errors
+    np.testing.assert_array_equal(r.outputs["y"], [[6.0]])
+    assert errors == 1 and len(fake.calls) == 2
+
+
+@pytest.mark.parametrize("outputs", [{}, {"z": np.zeros((1, 1), np.float32)}], ids=["no-outputs", "another-port"])
+def test_a_stored_value_without_a_port_the_graph_reads_is_a_miss_not_a_missing_output(outputs, caplog):
+    fake = Counting()
+    with Executor(graph(), backends={"m": fake}) as ex:
+        ex.infer_sync({"text": "abc"})
+        store = next(iter(ex.cache.stores.values()))
+        for key in list(store._items):
+            store.put_now(key, encode(key, {"outputs": outputs, "alias": None}))
+        r = ex.infer_sync({"text": "abc"})
+        errors = ex.cache.stats["emb"].errors
+    np.testing.assert_array_equal(r.outputs["y"], [[6.0]])  # computed, not served without 'y'
+    assert errors == 1 and len(fake.calls) == 2
+    assert "lack the port(s) y the graph reads" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis://127.0.0.1:abc/0", "Port could not be cast to integer value as 'abc'"),
+        ("redis://127.0.0.1:99999/0", "Port out of range 0-65535"),
+        ("redis://[::1/0", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_redis_url_that_does_not_parse_fails_the_graph_not_every_request(tmp_path, url, why):
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        "name: g\ninputs: {text: {modality: text}}\n"
+        f"cache: {{backend: redis, url: '{url}'}}\n"
+        "nodes:\n  len: {fn: 'testops:length', inputs: {text: inputs.text}, cache: true}\n"
+        "outputs: {n: len.n}\n"
+    )
+    with pytest.raises(GraphError, match=rf"(?s)cache\.url.*does not parse \({re.escape(why)}\).*redis://HOST:PORT/DB"):
+        load_graph(path)
+
+
+def test_a_redis_store_whose_url_the_client_refuses_is_a_fault_not_an_error():
+    pytest.importorskip("redis")
+    from usg.cache.redis_store import RedisStore
+
+    store = RedisStore("redis://127.0.0.1:abc/0")  # the Python API does not go through graph validation
+    assert asyncio.run(store.get("k")) is None
+    asyncio.run(store.put("k", b"v"))
+    assert store.stats.faults == 1  # the put came while the store rests after the get's fault

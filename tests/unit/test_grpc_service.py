@@ -51,9 +51,10 @@ def graph() -> Graph:
 
 
 @contextlib.asynccontextmanager
-async def serving(
+async def serving_at(
     api_key: str | None = None, max_calls: int | None = None, **kw: Any
-) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
+) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient, str]]:
+    """A served graph, a tritonclient of it and its address (for raw grpc channels)."""
     app = create_app(graph(), **kw)
     ctx = app.state.usg
     async with contextlib.AsyncExitStack() as stack:
@@ -61,6 +62,14 @@ async def serving(
         grpc_server = grpc_serving(ctx, "127.0.0.1", 0, api_key=api_key, max_calls=max_calls)
         port = await stack.enter_async_context(grpc_server)
         client = await stack.enter_async_context(tga.InferenceServerClient(f"127.0.0.1:{port}"))
+        yield ctx, client, f"127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    api_key: str | None = None, max_calls: int | None = None, **kw: Any
+) -> AsyncIterator[tuple[ServeContext, tga.InferenceServerClient]]:
+    async with serving_at(api_key, max_calls, **kw) as (ctx, client, _):
         yield ctx, client
 
 
@@ -414,3 +423,46 @@ def test_stream_limits_reach_the_ray_engine_and_bad_ones_fail_before_ray_starts(
     with contextlib.suppress(SystemExit):
         main(args)
     assert [lim.max_pending_chunks for lim in seen] == [256]
+
+
+def test_idle_streams_cannot_take_the_call_slots_of_unary_calls_and_health() -> None:
+    """Streams hold a call slot for as long as they are open: at most half the slots may be streams,
+    so a client that opens streams and sends nothing does not lock out ModelInfer and ServerLive."""
+    message = pb.ModelInferRequest(model_name="g", inputs=[tensor("text", "BYTES", [1], bytes_contents=[b"b"])])
+
+    async def scenario() -> None:
+        async with serving_at(max_calls=4) as (_, client, address), grpc.aio.insecure_channel(address) as ch:
+            stream = ch.stream_stream(
+                "/inference.GRPCInferenceService/ModelStreamInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelStreamInferResponse.FromString,
+            )
+            idle = [stream() for _ in range(2)]  # open, nothing sent
+            for call in idle:
+                await call.wait_for_connection()
+            refused = stream(timeout=10)  # the deadline only ends a hang (the call is refused at once)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await refused.read()
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert re.search(
+                r"2 ModelStreamInfer streams are open \(limit 2: half of the 4 calls the server takes at once, .*"
+                r"fix: send more messages on an open stream, close idle ones, or raise --max-inflight",
+                info.value.details(),
+            ), info.value.details()
+            assert await client.is_server_live()
+            assert (await client.infer("g", [text_input("a")])).as_numpy("echo").tolist() == [b"a"]
+            for call in idle:  # streams that end free their places
+                call.cancel()
+            for _ in range(200):  # until the server has seen the cancellations
+                again = stream(timeout=10)
+                try:
+                    await again.write(message)
+                    await again.done_writing()
+                    reply = await again.read()
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                    await asyncio.sleep(0.02)
+            assert not reply.error_message and reply.infer_response.model_name == "g"
+
+    asyncio.run(scenario())

@@ -8,6 +8,7 @@ pytest.importorskip("starlette", reason="needs the serve extra: pip install -e '
 pytest.importorskip("prometheus_client", reason="needs the serve extra: pip install -e '.[serve]'")
 
 import json
+import re
 
 import numpy as np
 
@@ -116,3 +117,26 @@ def test_dtype_names() -> None:
     assert dtype_to_datatype("str") == "BYTES"
     assert dtype_to_datatype(None) == "BYTES"
     assert dtype_to_datatype(np.dtype("uint8")) == "UINT8"
+
+
+@pytest.mark.parametrize("shape", [[1], [2, 2]])
+def test_bytes_elements_past_the_shape_are_refused_before_they_are_split(shape: list[int]) -> None:
+    """4 MiB of 2-byte elements is ~700k bytes objects (~7x the data): the shape says how many
+    elements there are, so splitting stops at the first one past it."""
+    import tracemalloc
+
+    raw = encode_bytes_elements([b"ab"] * ((4 << 20) // 6))
+    entry = {"name": "text", "datatype": "BYTES", "shape": shape, "parameters": {"binary_data_size": len(raw)}}
+    n = int(np.prod(shape))
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            InputError,
+            match=rf"inputs\.text: BYTES data holds more than the {n} elements? of shape {re.escape(str(shape))}"
+            rf" \(element {n + 1} starts at offset {6 * n}\); fix: make shape match",
+        ):
+            decode_tensor(entry, memoryview(raw), 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(raw) // 4, peak  # was ~7x len(raw): every element split before the count was checked

@@ -264,3 +264,39 @@ def test_wire_frames_round_trip_and_errors() -> None:
         parse_text(graph, '{"type": "chunk", "input": "audio", "ts_ms": 0, "text": "hi"}')
     with pytest.raises(InputError, match="text frame is not JSON"):
         parse_text(graph, "close")
+
+
+def _binary(header: bytes, payload: bytes = b"\0\0") -> bytes:
+    return struct.pack(">I", len(header)) + header + payload
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        # nested past the parser's recursion limit within the 4096-byte header bound
+        (_binary(b"[" * 2000 + b"]" * 2000), r"binary frame header nests too deeply"),
+        # an integer no float holds (numpy's isfinite raised TypeError on it)
+        (
+            _binary(b'{"input": "audio", "ts_ms": ' + b"9" * 4000 + b"}"),
+            r"binary frame header holds an integer of 4000",
+        ),
+    ],
+    ids=["deep-header", "huge-int-ts"],
+)
+def test_hostile_binary_headers_are_input_errors_not_a_failed_receiver(frame: bytes, message: str) -> None:
+    with pytest.raises(InputError, match=message + ".*; fix: "):
+        parse_binary(_graph(), frame, 1 << 20)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, r"text frame nests too deeply"),
+        ('{"type": "chunk", "input": "audio", "ts_ms": ' + "9" * 5000 + ', "text": "x"}', "an integer of 5000 digits"),
+        ('{"type": "chunk", "input": "audio", "ts_ms": ' + "9" * 400 + ', "text": "x"}', "an integer of 400 digits"),
+    ],
+    ids=["deep", "huge-int-past-python", "huge-int"],
+)
+def test_hostile_text_frames_are_input_errors_not_a_failed_receiver(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message + ".*; fix: "):
+        parse_text(_graph(), text)

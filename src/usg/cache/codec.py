@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import struct
 from typing import Any
 
@@ -102,10 +103,30 @@ def decode(key: str, data: bytes) -> Any:
             (n,) = struct.unpack("<Q", view[pos : pos + 8])
             if pos + 8 + n > len(view):
                 raise CodecError("truncated array")
-            arrays.append(np.load(io.BytesIO(view[pos + 8 : pos + 8 + n]), allow_pickle=False))
+            arrays.append(_load_array(view[pos + 8 : pos + 8 + n]))
             pos += 8 + n
         return _unpack(header["value"], arrays)
     except CodecError:
         raise
-    except (ValueError, KeyError, IndexError, TypeError, struct.error, OSError) as exc:
-        raise CodecError(f"stored bytes do not decode: {type(exc).__name__}: {exc}") from None
+    # RecursionError: a header nested past the interpreter's limit (in json.loads or _unpack)
+    except (ValueError, KeyError, IndexError, TypeError, struct.error, OSError, EOFError, RecursionError) as exc:
+        raise CodecError(f"stored bytes do not decode: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _load_array(frame: memoryview) -> np.ndarray[Any, Any]:
+    """One ``.npy`` frame → its array; the size its header declares must be the bytes that follow
+    it (np.load allocates the declared size before reading: a forged shape would cost that memory)."""
+    f = io.BytesIO(frame)
+    major, _ = np.lib.format.read_magic(f)
+    if major == 1:
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    if dtype.hasobject:
+        raise CodecError("stored bytes do not decode: an object array (never unpickled)")
+    declared = math.prod(shape) * dtype.itemsize
+    if declared != len(frame) - f.tell():
+        raise CodecError(
+            f"array header declares shape {shape} {dtype} ({declared} bytes) but {len(frame) - f.tell()} bytes follow"
+        )
+    return np.load(io.BytesIO(frame), allow_pickle=False)

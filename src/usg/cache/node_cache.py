@@ -86,6 +86,9 @@ class NodeCache:
             if spec.store_key not in self.stores:
                 self.stores[spec.store_key] = make_store(spec)
         self.stats = {n: NodeCacheStats() for n in self.cached}
+        refs = [*(r for d in graph.nodes.values() for r in d.inputs.values()), *graph.outputs.values()]
+        #: the ports of each cached node that other nodes or the graph's outputs read: a stored value must hold them
+        self.read_ports = {n: {r.port for r in refs if r.source == n} for n in self.cached}
         self.identities: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Future[Any]] = {}
 
@@ -173,13 +176,21 @@ class NodeCache:
     def _decode(self, name: str, key: str, data: bytes) -> Any:
         try:
             record = decode(key, data)
+            if not isinstance(record, dict) or not isinstance(record.get("outputs"), dict):
+                raise CodecError(f"a {type(record).__name__} where a node record (with an outputs dict) belongs")
             outputs = dict(record["outputs"])
             if record.get("empty"):
                 return self._empty()
             if record.get("alias") is not None:
                 outputs[OUT_ALIAS] = outputs[record["alias"]]
+            missing = self.read_ports[name].difference(outputs)
+            if missing:  # served, it would drop an output or fail a consumer: a wrong answer
+                raise CodecError(
+                    f"the stored outputs ({', '.join(map(str, outputs)) or 'none'}) lack the port(s) "
+                    f"{', '.join(sorted(missing))} the graph reads"
+                )
             return outputs
-        except (CodecError, KeyError, TypeError) as exc:
+        except Exception as exc:  # whatever a store holds, a value that does not decode is a miss, never a failure
             self.stats[name].errors += 1
             log.warning("cache: node %r: a stored value did not decode (%s); computing it", name, exc)
             self._event(name, "error", 0.0)

@@ -57,23 +57,27 @@ class RedisStore(CacheStore):
         )
 
     async def get(self, key: str) -> bytes | None:
-        client = self._redis()
-        if client is None:
-            return None
         try:
+            client = self._redis()
+            if client is None:
+                return None
             data = await client.get(PREFIX + key)
-        except Exception as exc:  # any client fault is a miss, never a failed request
+        except UsageError:  # the redis client is not installed: say so, do not hide it as a fault
+            raise
+        except Exception as exc:  # any client fault (a URL it cannot use, too) is a miss, never a failed request
             self._fault("get", exc)
             return None
         return None if data is None else bytes(data)
 
     async def put(self, key: str, data: bytes) -> None:
-        client = self._redis()
-        if client is None:
-            return
         try:
+            client = self._redis()
+            if client is None:
+                return
             ex = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
             await client.set(PREFIX + key, data, px=ex)
+        except UsageError:
+            raise
         except Exception as exc:
             self._fault("set", exc)
 

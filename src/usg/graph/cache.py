@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,13 @@ def _value_problem(where: str, key: str, value: Any) -> GraphProblem | None:
         return GraphProblem(
             where, f"url is {value!r}", "write url: redis://HOST:PORT/DB, e.g. redis://127.0.0.1:6379/0"
         )
+    if key == "url" and value.startswith(("redis://", "rediss://")):
+        try:
+            urllib.parse.urlsplit(value).port  # noqa: B018 - reading .port checks it (redis-py would fail per request)
+        except ValueError as exc:
+            return GraphProblem(
+                where, f"url {value!r} does not parse ({exc})", "write url: redis://HOST:PORT/DB with a port in 1-65535"
+            )
     if key == "default" and not isinstance(value, bool):
         return GraphProblem(where, f"default is {value!r}", "write default: true or default: false")
     return None

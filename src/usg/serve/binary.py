@@ -72,12 +72,24 @@ def tensor_bytes(datatype: str, value: Any) -> bytes:
     return np.ascontiguousarray(value, dtype=np.dtype(value.dtype).newbyteorder("<")).tobytes()
 
 
-def decode_bytes_elements(buf: bytes | memoryview, field: str) -> list[bytes]:
-    """Split a serialized BYTES tensor into its elements; errors name the tensor and the offset."""
+def decode_bytes_elements(buf: bytes | memoryview, field: str, shape: Sequence[int] | None = None) -> list[bytes]:
+    """Split a serialized BYTES tensor into its elements; errors name the tensor and the offset.
+
+    With ``shape``, an element past the count the shape holds is refused before it is split: each
+    element costs a bytes object (~35 bytes for a 2-byte element), so splitting them all before
+    comparing the count would cost ~7x the data."""
     view = memoryview(buf)
     out: list[bytes] = []
     pos = 0
+    limit = math.prod(shape) if shape is not None else None
     while pos < len(view):
+        if limit is not None and len(out) == limit:
+            raise InputError(
+                f"{field}: BYTES data holds more than the {limit} element{'s' if limit != 1 else ''} of shape "
+                f"{list(shape or ())} (element {limit + 1} starts at offset {pos})",
+                field=field,
+                fix="make shape match the number of elements in data",
+            )
         if pos + 4 > len(view):
             raise InputError(
                 f"{field}: BYTES data ends inside an element length at offset {pos} ({len(view)} bytes)",
@@ -202,7 +214,7 @@ def _header(spec: Mapping[str, Any]) -> tuple[str, str, list[int], int | None]:
 def _binary_value(name: str, datatype: str, shape: list[int], raw: memoryview) -> tuple[Any, int]:
     field = f"inputs.{name}"
     if datatype == "BYTES":
-        items = decode_bytes_elements(raw, field)
+        items = decode_bytes_elements(raw, field, shape)
         return items, len(items)
     count = math.prod(shape)
     itemsize = np.dtype(DATATYPES[datatype]).itemsize

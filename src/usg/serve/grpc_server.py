@@ -16,6 +16,9 @@ caller can do::
     RequestTimeout                          DEADLINE_EXCEEDED
     anything else                           INTERNAL            details in the server log, not in the reply
 
+At most half of the calls grpc takes at once (``maximum_concurrent_rpcs``) may be open
+ModelStreamInfer streams; more are refused with RESOURCE_EXHAUSTED, so streams a client opens
+and leaves idle never take the slots of ModelInfer and health checks.
 A message above the body limit (``--max-body-mb``) is refused by grpc itself, with
 RESOURCE_EXHAUSTED, before it is held in memory. With an API key, ModelInfer,
 ModelStreamInfer and the metadata RPCs need the metadata ``authorization: Bearer KEY`` (as
@@ -120,8 +123,12 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The RPCs over one :class:`ServeContext`; ``api_key`` (None: open) guards inference and metadata."""
 
-    def __init__(self, ctx: ServeContext, *, api_key: str | None = None) -> None:
+    def __init__(self, ctx: ServeContext, *, api_key: str | None = None, max_calls: int | None = None) -> None:
         self.ctx = ctx
+        #: calls grpc takes at once; streams may hold half of them (each holds its slot while open)
+        self.max_calls = max_calls if max_calls is not None else default_max_calls(ctx)
+        self.max_streams = max(1, self.max_calls // 2)
+        self.streams = 0
         self.graph = ctx.graph
         self._key = None if api_key is None else api_key.encode()
         self._model_metadata: pb.ModelMetadataResponse | None = None  # built on first use (reads model files)
@@ -242,6 +249,26 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Each message is answered on the stream (an error as ``error_message``, the stream stays
         open); messages run concurrently, at most ``--max-inflight`` of a stream unanswered at once."""
         metadata = await self._authorized(context, "ModelStreamInfer")
+        if self.streams >= self.max_streams:
+            exc = Overloaded(
+                f"{self.streams} ModelStreamInfer streams are open (limit {self.max_streams}: half of the "
+                f"{self.max_calls} calls the server takes at once, so unary calls and health checks keep the "
+                "rest); fix: send more messages on an open stream, close idle ones, or raise --max-inflight",
+                why="grpc_streams",
+            )
+            self._count("ModelStreamInfer", exc)
+            code, details, trailers = _failure(exc, new_request_id())
+            await context.abort(code, details, trailing_metadata=trailers)
+        self.streams += 1
+        try:
+            async for reply in self._stream(request_iterator, metadata):
+                yield reply
+        finally:
+            self.streams -= 1
+
+    async def _stream(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], metadata: dict[str, str]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         window = asyncio.Semaphore(self.ctx.config.max_inflight)  # bounds replies waiting to be sent
         tasks: set[asyncio.Task[None]] = set()
@@ -282,6 +309,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
+def default_max_calls(ctx: ServeContext) -> int:
+    """Calls open at once by default: twice ``--max-inflight`` plus 16."""
+    return 2 * ctx.config.max_inflight + 16
+
+
 def hold_grpc_port(host: str, port: int) -> socket.socket:
     """Bind ``--grpc-port`` before the models load and keep it bound (not listening) until grpc
     listens on it (:func:`grpc_serving` closes it then): a busy port fails at once (grpc would only
@@ -318,19 +350,23 @@ async def grpc_serving(
     Messages are limited to the body limit (``ctx.config.max_body_bytes``), and calls open at
     once to ``max_calls`` (default twice ``--max-inflight`` plus 16; grpc refuses more with
     RESOURCE_EXHAUSTED before reading their message), so received messages are bounded by
-    their product. ``held`` (from :func:`hold_grpc_port`) is closed once grpc listens, or on a
+    their product. ModelStreamInfer streams hold their slot while open, so at most half of the
+    slots may be streams (more: RESOURCE_EXHAUSTED naming the limit): idle streams cannot lock
+    out ModelInfer and the health RPCs. ``held`` (from :func:`hold_grpc_port`) is closed once grpc listens, or on a
     failure to start. On exit the context drains (new calls: UNAVAILABLE) until no request is in
     flight, then the server stops.
     """
+    max_calls = max_calls if max_calls is not None else default_max_calls(ctx)
     server = grpc.aio.server(
-        maximum_concurrent_rpcs=max_calls if max_calls is not None else 2 * ctx.config.max_inflight + 16,
+        maximum_concurrent_rpcs=max_calls,
         options=[
             ("grpc.max_receive_message_length", ctx.limits.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
         ],
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(ctx, api_key=api_key), server)
+    service = InferenceService(ctx, api_key=api_key, max_calls=max_calls)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         try:

@@ -5,7 +5,8 @@
   until uvicorn listens on that socket, so no process started meanwhile is given the port.
 * **Slow clients**: a connection must deliver a request's complete headers within
   ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
-  it is closed; an idle keep-alive connection is closed after ``keepalive_timeout_s``
+  it is closed (a WebSocket handshake's timer ends with the upgrade: the session is not cut);
+  an idle keep-alive connection is closed after ``keepalive_timeout_s``
   (uvicorn's own timer); bodies have the app's body timeout (:mod:`usg.serve.context`).
 * **Reset connections**: a connection the client resets (or that fails) while idle in keep-alive
   has its keep-alive timer cancelled at once; uvicorn (0.55 and before) cancels it only on a clean
@@ -212,11 +213,20 @@ def _protocol_class(
             if not self._idle():
                 self._disarm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
+        def _usg_cancel(self) -> None:
             if self._usg_timer is not None:
                 self._usg_timer.cancel()
                 self._usg_timer = None
             self._usg_since = None
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            # the connection now belongs to the WebSocket protocol (this one never hears of it again,
+            # not even connection_lost): a pending header timer would close it mid-session
+            self._usg_cancel()
+            super().handle_websocket_upgrade(*args)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._usg_cancel()
             super().connection_lost(exc)
             # uvicorn cancels its keep-alive timer only when exc is None (a clean close): after a
             # reset the pending timer kept this protocol, its cycle and headers for the keep-alive timeout

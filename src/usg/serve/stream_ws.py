@@ -1,10 +1,12 @@
 """``WS /v1/stream/{graph}``: a streaming session over a WebSocket (wire format: :mod:`usg.stream.wire`).
 
-On connect the server checks its state, the API key (``Authorization: Bearer``) and the graph
-name, opens a :class:`~usg.stream.Session` and sends ``{"type": "session", ...}`` with the
-session id, the graph's inputs and the limits. Then two loops run: the receiver turns frames
-into chunks (a refused or malformed chunk is answered with an ``error`` event and dropped, the
-session goes on), the sender writes the session's events as JSON text frames. The session ends:
+On connect the server checks its state, the API key (``Authorization: Bearer``), the graph
+name and the session limit (a refusal is an ``error`` event, a close code, and a count in
+``usg_rejected_requests_total`` by reason, as for HTTP), opens a :class:`~usg.stream.Session`
+and sends ``{"type": "session", ...}`` with the session id, the graph's inputs and the limits.
+Then two loops run: the receiver turns frames into chunks (a refused or malformed chunk is
+answered with an ``error`` event and dropped, the session goes on), the sender writes the
+session's events as JSON text frames. The session ends:
 
 - ``{"type": "close"}`` from the client: flush, the remaining events, ``closed``; close code 1000;
 - idle for ``idle_timeout_s``: flushed the same way, ``closed`` with reason ``idle_timeout``; 4408;
@@ -27,6 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from usg.errors import InputError, Overloaded, USGError
 from usg.serve.context import ServeContext
+from usg.serve.errors import rejection_reason
 from usg.specs import Modality
 from usg.stream import Session, SessionManager, error_event
 from usg.stream.wire import parse_binary, parse_text
@@ -135,6 +138,9 @@ def stream_routes(ctx: ServeContext) -> list[WebSocketRoute]:
             await manager.start()
             session = manager.open()
         except USGError as exc:
+            reason = rejection_reason(exc)
+            if reason is not None:  # a refused session counts as a refused HTTP request does
+                ctx.metrics.reject(reason)
             await ws.send_text(json.dumps(error_event(exc)))
             await ws.close(CLOSE_POLICY if exc.status in (400, 401, 404) else CLOSE_SLOW_READER)
             return

@@ -16,6 +16,7 @@ Server → client: text frames, one JSON event each (``session`` first, ``closed
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +56,31 @@ def encode_chunk(name: str, payload: bytes, ts_ms: float, fmt: str | None = None
     return struct.pack(">I", len(raw)) + raw + payload
 
 
+_MAX_INT_DIGITS = 20  # an int64 capture time in ms fits; longer integers are refused while parsing
+
+
+def _load(raw: bytes | str, what: str, fix: str) -> Any:
+    """JSON of a client frame; anything the parser refuses — including nesting past its recursion
+    limit and integers of more than 20 digits — is an InputError naming ``what``."""
+
+    def bounded_int(digits: str) -> int:
+        n = len(digits.lstrip("-"))
+        if n > _MAX_INT_DIGITS:
+            raise InputError(
+                f"{what} holds an integer of {n} digits (at most {_MAX_INT_DIGITS})", field="frame", fix=fix
+            )
+        return int(digits)
+
+    try:
+        return json.loads(raw, parse_int=bounded_int)
+    except RecursionError:
+        raise InputError(f"{what} nests too deeply", field="frame", fix=fix) from None
+    except (UnicodeDecodeError, ValueError):  # json.JSONDecodeError is a ValueError
+        raise InputError(f"{what} is not JSON", field="frame", fix=fix) from None
+
+
 def _ts(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InputError(
             f"chunk ts_ms is {value!r}", field="ts_ms", fix="send the chunk's capture time in ms as a number"
         )
@@ -85,10 +109,7 @@ def parse_binary(graph: Graph, frame: bytes, max_chunk_bytes: int) -> WireChunk:
             field="frame",
             fix=_FRAME_FIX,
         )
-    try:
-        header = json.loads(frame[4 : 4 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise InputError("binary frame header is not JSON", field="frame", fix=_FRAME_FIX) from None
+    header = _load(frame[4 : 4 + n], "binary frame header", _FRAME_FIX)
     if not isinstance(header, dict):
         raise InputError("binary frame header is not a JSON object", field="frame", fix=_FRAME_FIX)
     d = _input(graph, header.get("input"))
@@ -138,10 +159,7 @@ def _audio(name: str, payload: bytes, fmt: Any) -> np.ndarray:
 def parse_text(graph: Graph, text: str) -> WireChunk:
     """A text frame → a text chunk or a close request."""
     fix = 'send {"type": "chunk", "input": NAME, "ts_ms": MS, "text": "..."} or {"type": "close"}'
-    try:
-        msg = json.loads(text)
-    except json.JSONDecodeError:
-        raise InputError("text frame is not JSON", field="frame", fix=fix) from None
+    msg = _load(text, "text frame", fix)
     if not isinstance(msg, dict) or msg.get("type") not in ("chunk", "close"):
         kind = msg.get("type") if isinstance(msg, dict) else type(msg).__name__
         raise InputError(f"text frame of type {kind!r}", field="type", fix=fix)
