@@ -4,6 +4,7 @@ round trip through load_graph_for_cli, the fallback on a harmful weight, and the
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,20 @@ def test_int4_is_matmulnbits_weight_only(tmp_path: Path):
     ref = x @ w
     assert float(np.abs(got - ref).max() / np.abs(ref).max()) < 0.2  # 4-bit weights: close, not equal
     assert QuantSettings("int4").to_json() == {"method": "int4"}
+
+
+@pytest.mark.parametrize("level", [logging.NOTSET, logging.INFO, logging.CRITICAL])
+def test_quantizing_leaves_the_process_logging_as_it_was(tmp_path: Path, level: int) -> None:
+    """ORT's hint is silenced during the call only: raised for good, the root level hid every later warning of the
+    process (a cache's decode warnings in the same process were lost)."""
+    from usg.quantize import quantize_model
+
+    src = _mlp(tmp_path / "mlp.onnx", outlier=1.0)
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level)
+    try:
+        quantize_model(src, tmp_path / "mlp.q.onnx", DYNAMIC)
+        assert root.level == level
+    finally:
+        root.setLevel(before)

@@ -154,11 +154,21 @@ def _quantizable_op_types(settings: QuantSettings, static: bool) -> list[str] | 
 
 def quantize_model(src: Path, dst: Path, settings: QuantSettings, items: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Quantize ``src`` into ``dst`` with ORT's tooling; ``items`` calibrate ``static``."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # ORT logs a "please pre-process" hint on every call through the root logger: quiet during the call only
+    # (raised for good, it hid every warning of the process afterwards, the cache's and the server's included)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        return _quantize(src, dst, settings, items)
+    finally:
+        root.setLevel(level)
+
+
+def _quantize(src: Path, dst: Path, settings: QuantSettings, items: Sequence[Mapping[str, Any]]) -> Path:
     from onnxruntime import quantization as q
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    # ORT logs a "please pre-process" hint on every call through the root logger
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
     exclude = list(settings.exclude_nodes) or None
     weight_type = q.QuantType.QInt8 if settings.weight_type == "int8" else q.QuantType.QUInt8
     if settings.method == "dynamic":
