@@ -128,3 +128,46 @@ def test_redis_never_started_is_a_miss_not_an_error(tmp_path):
     out, stats = run_once(path, "nobody")
     assert out == {"upper": "NOBODY", "y": [[12.0]]}
     assert stats["up"][2] >= 1
+
+
+def _signed_graph(tmp_path: Path, url: str) -> Path:
+    path = write_graph(tmp_path, url)
+    path.write_text(path.read_text().replace(f'url: "{url}"', f'url: "{url}", hmac_key_env: USG_TEST_CACHE_KEY'))
+    return path
+
+
+def test_signed_values_are_shared_and_a_planted_value_is_not_served(redis_server, tmp_path, monkeypatch):
+    """Anyone who can write the Redis database can plant a well-formed value with the right ports; with
+    hmac_key_env only values written with the secret are served (another executor with it: a hit)."""
+    import numpy as np
+    import redis
+
+    from usg.cache.codec import encode
+
+    monkeypatch.setenv("USG_TEST_CACHE_KEY", "s" * 32)
+    path = _signed_graph(tmp_path, redis_server.url)
+    first, stats = run_once(path, "plant")
+    assert first == {"upper": "PLANT", "y": [[10.0]]} and stats == {"up": (0, 1, 0), "emb": (0, 1, 0)}
+    _, stats = run_once(path, "plant")  # a new executor (a new client) with the same secret
+    assert stats == {"up": (1, 0, 0), "emb": (1, 0, 0)}
+
+    client = redis.Redis.from_url(redis_server.url)
+    keys = [k.decode() for k in client.keys("usg:cache:*")]
+    assert len(keys) == 2
+    for full in keys:  # what a writer without the secret can do: the right record, the wrong contents
+        record = {"outputs": {"text": "PLANTED", "y": np.array([[666.0]], np.float32)}}
+        client.set(full, encode(full.removeprefix("usg:cache:"), record))
+    client.close()
+    again, stats = run_once(path, "plant")
+    assert again == first
+    assert stats == {"up": (0, 1, 1), "emb": (0, 1, 1)}
+
+    monkeypatch.setenv("USG_TEST_CACHE_KEY", "t" * 32)  # a new secret: every old entry is a miss, then refilled
+    _, stats = run_once(path, "plant")
+    assert stats == {"up": (0, 1, 1), "emb": (0, 1, 1)}
+    _, stats = run_once(path, "plant")
+    assert stats == {"up": (1, 0, 0), "emb": (1, 0, 0)}
+
+    unsigned = write_graph(tmp_path, redis_server.url)
+    out, stats = run_once(unsigned, "plant")  # a reader without the secret cannot decode a signed value: a miss
+    assert out == first and stats == {"up": (0, 1, 1), "emb": (0, 1, 1)}

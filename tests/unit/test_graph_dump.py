@@ -18,7 +18,7 @@ inputs:
   text: {modality: text, optional: true}
   x: {modality: tensor, dtype: float32, shape: [1, N], range: [0, 1]}
 limits: {max_image_pixels: 1000}
-cache: {backend: memory, max_bytes: 1000, ttl_s: 5, default: true}
+cache: {backend: memory, max_bytes: 1000, ttl_s: 5, default: true, hmac_key_env: USG_CACHE_KEY}
 models:
   m:
     backend: python

@@ -23,6 +23,7 @@ from typing import Any
 from usg.cache.codec import CodecError, decode, encode
 from usg.cache.key import file_digest, node_identity, node_keys
 from usg.cache.memory import MemoryStore
+from usg.cache.signed import SignedStore, read_secret
 from usg.cache.store import CacheStore
 from usg.graph.cache import CacheSpec
 from usg.graph.model import OUT_ALIAS, Graph
@@ -34,11 +35,18 @@ log = logging.getLogger("usg.cache")
 
 
 def make_store(spec: CacheSpec) -> CacheStore:
+    """The store a spec names; with ``hmac_key_env`` it signs and verifies every value (the
+    secret is read now: unset or short, a :class:`~usg.errors.GraphError` naming the field)."""
+    store: CacheStore
     if spec.backend == "redis":
         from usg.cache.redis_store import RedisStore
 
-        return RedisStore(spec.url or "redis://127.0.0.1:6379/0", spec.ttl_s)
-    return MemoryStore(spec.max_bytes, spec.ttl_s)
+        store = RedisStore(spec.url or "redis://127.0.0.1:6379/0", spec.ttl_s)
+    else:
+        store = MemoryStore(spec.max_bytes, spec.ttl_s)
+    if spec.hmac_key_env:
+        store = SignedStore(store, read_secret(spec.hmac_key_env, spec.hmac_key_where), spec.hmac_key_env)
+    return store
 
 
 @dataclass
@@ -157,11 +165,11 @@ class NodeCache:
     async def _lookup(self, name: str, key: str) -> tuple[Any, bytes]:
         store = self._store(name)
         t0 = time.perf_counter()
-        faults = store.stats.faults
+        faults = store.stats.faults + store.stats.rejected
         data = await store.get(key)
         value = _MISS if data is None else self._decode(name, key, data)
         dt = time.perf_counter() - t0
-        if store.stats.faults != faults:
+        if store.stats.faults + store.stats.rejected != faults:
             self.stats[name].errors += 1
             self._event(name, "error", dt)
         if value is _MISS:

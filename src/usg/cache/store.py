@@ -9,13 +9,15 @@ __all__ = ["CacheStore", "StoreStats"]
 
 @dataclass
 class StoreStats:
-    """What a store did: evictions (memory LRU), bytes and entries held, and faults
-    (an unreachable Redis: each one is a miss or a skipped write, never a failed request)."""
+    """What a store did: evictions (memory LRU), bytes and entries held, faults (an unreachable
+    Redis: each one is a miss or a skipped write, never a failed request) and rejected values
+    (a signed store's values whose signature did not verify: each one a miss)."""
 
     evictions: int = 0
     bytes_held: int = 0
     entries: int = 0
     faults: int = 0
+    rejected: int = 0
 
 
 class CacheStore:

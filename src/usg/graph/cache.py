@@ -10,6 +10,7 @@ with ``cache: true`` (or a mapping that overrides the graph's settings) and out 
       url: redis://127.0.0.1:6379/0   # redis
       ttl_s: 3600                # an entry's lifetime (none: until evicted)
       default: false             # true: every node without its own cache: key is cached
+      hmac_key_env: USG_CACHE_KEY  # sign values with the secret in $USG_CACHE_KEY; serve only verified ones
     nodes:
       det: {model: det, inputs: {...}, cache: true}
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,8 +32,9 @@ from usg.errors import GraphProblem
 __all__ = ["BACKENDS", "CacheSpec", "parse_cache", "resolve_node_cache"]
 
 BACKENDS = ("memory", "redis", "off")
-_KEYS = ("backend", "max_bytes", "url", "ttl_s", "default")
-_NODE_KEYS = ("backend", "max_bytes", "url", "ttl_s")
+_KEYS = ("backend", "max_bytes", "url", "ttl_s", "default", "hmac_key_env")
+_NODE_KEYS = ("backend", "max_bytes", "url", "ttl_s", "hmac_key_env")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,13 @@ class CacheSpec:
     url: str | None = None
     ttl_s: float | None = None
     default: bool = False
+    hmac_key_env: str | None = None  # the variable holding the signing secret (usg.cache.signed)
+    hmac_key_where: str = dataclasses.field(default="cache.hmac_key_env", compare=False)  # the field that set it
 
     @property
     def store_key(self) -> tuple[Any, ...]:
         """Nodes whose specs share this key share one store."""
-        return (self.backend, self.max_bytes, self.url, self.ttl_s)
+        return (self.backend, self.max_bytes, self.url, self.ttl_s, self.hmac_key_env)
 
 
 def _check(where: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> tuple[dict[str, Any], list[GraphProblem]]:
@@ -96,6 +101,12 @@ def _value_problem(where: str, key: str, value: Any) -> GraphProblem | None:
             return GraphProblem(
                 where, f"url {value!r} does not parse ({exc})", "write url: redis://HOST:PORT/DB with a port in 1-65535"
             )
+    if key == "hmac_key_env" and (not isinstance(value, str) or not _ENV_NAME.match(value)):
+        return GraphProblem(
+            where,
+            f"hmac_key_env is {value!r}, not an environment variable's name",
+            "write hmac_key_env: USG_CACHE_KEY (the name of the variable that holds the secret, not the secret)",
+        )
     if key == "default" and not isinstance(value, bool):
         return GraphProblem(where, f"default is {value!r}", "write default: true or default: false")
     return None
@@ -106,7 +117,10 @@ def parse_cache(value: Any, where: str = "cache") -> tuple[CacheSpec | None, lis
     if value is None:
         return None, []
     if not isinstance(value, Mapping):
-        fix = "write cache: {backend: memory|redis|off, max_bytes: N, url: redis://..., ttl_s: S, default: false}"
+        fix = (
+            "write cache: {backend: memory|redis|off, max_bytes: N, url: redis://..., ttl_s: S, default: false, "
+            "hmac_key_env: VAR}"
+        )
         return None, [GraphProblem(where, f"expected a mapping, got {type(value).__name__} {value!r}", fix)]
     given, problems = _check(where, value, _KEYS)
     return CacheSpec(**given), problems
@@ -129,6 +143,8 @@ def resolve_node_cache(
         given, problems = _check(where, value, _NODE_KEYS)
         if given.get("backend") == "redis" and "url" not in given:
             given["url"] = base.url or "redis://127.0.0.1:6379/0"
+        if "hmac_key_env" in given:
+            given["hmac_key_where"] = f"{where}.hmac_key_env"
         spec = dataclasses.replace(base, **given)
     else:
         fix = "write cache: true, cache: false, or cache: {backend: memory|redis, ...}"

@@ -84,6 +84,7 @@ def _deploy(d: DeploySpec) -> dict[str, Any]:
 
 def _cache(spec: CacheSpec, *, graph_level: bool) -> dict[str, Any]:
     out = {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}
+    out.pop("hmac_key_where")  # where the field was written, not a setting
     if not graph_level:
         out.pop("default")
     return out
