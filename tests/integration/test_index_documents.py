@@ -191,3 +191,36 @@ def test_cli_build_with_a_head_re_ranks_with_residual_codes(tmp_path: Path) -> N
     hit = json.loads(r.output)["results"][0]
     assert hit["text"] == lines[7]
     assert hit["score"] == pytest.approx(1.0, abs=0.02)  # re-ranked: close to the exact cosine
+
+
+def test_unreadable_documents_are_skipped_and_listed_not_the_whole_build_lost(tmp_path: Path) -> None:
+    """One bad file in a folder of scans used to stop `usg index build` after all the OCR before it;
+    it is now left out and listed with its reason (--strict: the old stop at the first)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("Total due EUR 401.40\nPayment within thirty days\n")
+    (src / "latin1.txt").write_bytes("Straße über alles\n".encode("latin-1"))
+    (src / "trunc.png").write_bytes((ROOT / "examples" / "document_ocr" / "sample.png").read_bytes()[:100])
+    runner = CliRunner()
+    out = tmp_path / "idx"
+    r = runner.invoke(cli, ["index", "build", str(src), "-o", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())  # rich wraps at the terminal's width
+    assert "skipped latin1.txt: " in text and "is not UTF-8 text" in text
+    assert "skipped trunc.png: " in text and "truncated or corrupt PNG" in text
+    assert "indexed 1 document(s), 2 lines" in text and "2 document(s) could not be read" in text
+    assert sorted(DocumentIndex.open(out).shards["src"].documents) == ["a.txt"]
+
+    r = runner.invoke(cli, ["index", "build", str(src), "-o", str(tmp_path / "strict"), "--strict"])
+    assert r.exit_code != 0 and "latin1.txt is not UTF-8 text" in str(r.exception)
+    assert not (tmp_path / "strict" / "manifest.json").exists()
+
+    (src / "a.txt").write_bytes(b"\xff\xfe changed, and now unreadable\n")  # a changed version that cannot be read
+    (src / "b.txt").write_text("Board meeting minutes\n")
+    r = runner.invoke(cli, ["index", "add", str(out), str(src / "a.txt"), str(src / "b.txt")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "1 added, 0 replaced (changed), 0 unchanged; 1 lines indexed" in text
+    assert "skipped a.txt: " in text
+    docs = DocumentIndex.open(out).shards["src"].documents
+    assert sorted(docs) == ["a.txt", "b.txt"]  # the old a.txt stays indexed

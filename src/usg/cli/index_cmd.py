@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -15,6 +16,9 @@ from rich.table import Table
 
 from usg.cli.common import err_console, load_graph_for_cli, out_console
 from usg.errors import UsageError
+
+if TYPE_CHECKING:
+    from usg.index.build import Unreadable
 
 __all__ = ["DEFAULT_GRAPH", "index"]
 
@@ -60,6 +64,25 @@ def _advance(bar: Progress) -> Callable[[str, int], None]:
     return step
 
 
+_STRICT = click.option(
+    "--strict",
+    is_flag=True,
+    help="Stop at the first document that cannot be read (default: skip it, index the rest, list it at the end).",
+)
+
+
+def _report_unreadable(unreadable: list[Unreadable]) -> str:
+    """Print each skipped document with its reason; the summary's clause about them."""
+    for u in unreadable:
+        err_console.print(f"[yellow]skipped[/] {u.doc_id}: {u.reason}", markup=True, highlight=False, soft_wrap=True)
+    if not unreadable:
+        return ""
+    return (
+        f"; {len(unreadable)} document(s) could not be read and are not indexed "
+        "(listed above; fix them and run usg index add)"
+    )
+
+
 @click.group("index")
 def index() -> None:
     """Index scanned documents (images, OCR'd by the graph) and .txt files for `usg search`."""
@@ -83,8 +106,16 @@ def index() -> None:
 )
 @click.option("--collection", default=None, help="Collection (shard) name (default: the folder's name).")
 @click.option("--force", is_flag=True, help="Replace an existing index at --output.")
+@_STRICT
 def build(
-    folder: str, output: str, graph: str | None, dim: int | None, refine: bool, collection: str | None, force: bool
+    folder: str,
+    output: str,
+    graph: str | None,
+    dim: int | None,
+    refine: bool,
+    collection: str | None,
+    force: bool,
+    strict: bool,
 ) -> None:
     """Build an index of the images and .txt files in DIR."""
     from usg.index.build import build_index, scan_inputs
@@ -102,6 +133,7 @@ def build(
     g = load_graph_for_cli(_graph_path(graph))
     name = collection or Path(folder).resolve().name
     t0 = time.perf_counter()
+    unreadable: list[Unreadable] = []
     with _progress(len(files), "indexing") as bar:
         idx = build_index(
             g,
@@ -112,16 +144,20 @@ def build(
             refine=refine,
             progress=_advance(bar),
             note=lambda m: err_console.print(f"[yellow]note:[/] {m}"),
+            unreadable=None if strict else unreadable,
         )
+    bad = _report_unreadable(unreadable)
     secs = time.perf_counter() - t0
     n = sum(len(s) for s in idx.shards.values())
     head = idx.manifest["head"]
     err_console.print(
-        f"indexed {len(files)} document(s), {n} lines into {out} (collection {name!r}) in {secs:.1f} s "
+        f"indexed {len(files) - len(unreadable)} document(s), {n} lines into {out} (collection {name!r}) "
+        f"in {secs:.1f} s "
         f"({n / max(secs, 1e-9):.0f} lines/s); head {head['kind']} {head['in_dim']}→{head['out_dim']}"
         + (f" keeps {head['explained']:.1%} of the energy" if head["kind"] == "pca" else "")
         + (f", re-ranked by {head['residual']['bytes_per_vector']} B of residual code" if head.get("residual") else "")
         + (f"; skipped {len(skipped)} other file(s)" if skipped else "")
+        + bad
     )
 
 
@@ -130,7 +166,8 @@ def build(
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--collection", default=None, help="Collection to add to (default: the only one, or the folder's name).")
 @click.option("--graph", default=None, help="Document graph (default: the one the index was built with).")
-def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: str | None) -> None:
+@_STRICT
+def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: str | None, strict: bool) -> None:
     """Add images / .txt files (or folders of them); changed documents are re-indexed, unchanged skipped."""
     from usg.index.build import add_documents, scan_inputs
     from usg.index.store import DocumentIndex
@@ -143,10 +180,11 @@ def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: 
         collection = next(iter(idx.shards)) if len(idx.shards) == 1 else Path(paths[0]).resolve().name
     g = load_graph_for_cli(_graph_path(graph, idx.manifest.get("graph")))
     with _progress(len(files), f"adding to {collection}") as bar:
-        report = add_documents(idx, g, files, collection=collection, progress=_advance(bar))
+        report = add_documents(idx, g, files, collection=collection, progress=_advance(bar), strict=strict)
+    bad = _report_unreadable(report.unreadable)
     err_console.print(
         f"collection {collection!r}: {len(report.added)} added, {len(report.replaced)} replaced (changed), "
-        f"{len(report.unchanged)} unchanged; {report.lines} lines indexed"
+        f"{len(report.unchanged)} unchanged; {report.lines} lines indexed{bad}"
     )
 
 

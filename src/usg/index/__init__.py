@@ -9,7 +9,15 @@ lines with their document, text, box and score::
     from usg.index import DocumentIndex, Searcher
 """
 
-from usg.index.build import AddReport, InputFile, add_documents, build_index, remove_documents, scan_inputs
+from usg.index.build import (
+    AddReport,
+    InputFile,
+    Unreadable,
+    add_documents,
+    build_index,
+    remove_documents,
+    scan_inputs,
+)
 from usg.index.encoder import LineEncoder, file_digest, find_text_encoder
 from usg.index.head import Head, fit_head
 from usg.index.query import Searcher
@@ -24,6 +32,7 @@ __all__ = [
     "LineEncoder",
     "SearchHit",
     "Searcher",
+    "Unreadable",
     "add_documents",
     "build_index",
     "file_digest",

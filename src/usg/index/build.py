@@ -6,6 +6,11 @@ embedding is the embedding of the whole text, as the graph computes it for a pag
 is embedded by the graph's own tokenizer and encoder (:class:`usg.index.encoder.LineEncoder`),
 many lines per request. ``build_index`` learns the compact head from all the lines it indexes;
 ``add_documents`` projects new lines with the head the index already has.
+
+A document that cannot be read (not UTF-8, a truncated or oversized image, a text file past
+:data:`MAX_TEXT_BYTES`, a page the OCR times out on) is skipped with its reason in
+``unreadable`` and the rest are indexed: one bad scan in ten thousand does not cost the hours of
+OCR before it. ``strict=True`` raises at the first one instead.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from usg.errors import InputError, UsageError
+from usg.errors import InputError, RequestTimeout, UsageError
 from usg.graph import Graph
 from usg.index.encoder import LineEncoder, file_digest, find_text_encoder
 from usg.index.head import Head, fit_head
@@ -29,6 +34,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "AddReport",
     "InputFile",
+    "Unreadable",
     "add_documents",
     "build_index",
     "remove_documents",
@@ -60,6 +66,14 @@ class ReadDocument:
     page: np.ndarray[Any, Any] | None  # [1, encoder dim]
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A document left out of the index, and why (the error's message, with its fix)."""
+
+    doc_id: str
+    reason: str
+
+
 @dataclass
 class AddReport:
     added: list[str] = field(default_factory=list)
@@ -67,6 +81,7 @@ class AddReport:
     unchanged: list[str] = field(default_factory=list)
     lines: int = 0
     skipped: list[str] = field(default_factory=list)  # files of other types
+    unreadable: list[Unreadable] = field(default_factory=list)  # not added (an old version, if any, stays)
 
 
 def _sha256(path: Path) -> str:
@@ -140,9 +155,11 @@ class DocumentReader:
                 page = self.encoder.encode(["\n".join(texts)])
         else:
             if f.path.stat().st_size > MAX_TEXT_BYTES:
-                raise UsageError(
+                raise InputError(
                     f"{f.path} is {f.path.stat().st_size / 2**20:.0f} MiB; the limit for one text file is "
-                    f"{MAX_TEXT_BYTES // 2**20} MiB; fix: split it into several files"
+                    f"{MAX_TEXT_BYTES // 2**20} MiB",
+                    field=str(f.path),
+                    fix="split it into several files",
                 )
             try:
                 content = f.path.read_text(encoding="utf-8")
@@ -163,9 +180,21 @@ class DocumentReader:
             emb, page = both[: len(texts)], (both[len(texts) :] if texts else None)
         return ReadDocument(f, texts, list(boxes), emb, None if page is None else np.asarray(page).reshape(1, -1))
 
-    def read_all(self, files: Sequence[InputFile], progress: Progress | None) -> Iterator[ReadDocument]:
+    def read_all(
+        self, files: Sequence[InputFile], progress: Progress | None, unreadable: list[Unreadable] | None = None
+    ) -> Iterator[ReadDocument]:
+        """Each document read; with ``unreadable`` given, one that cannot be read is noted there and
+        skipped (without it, its error is raised)."""
         for f in files:
-            doc = self.read(f)
+            try:
+                doc = self.read(f)
+            except (InputError, RequestTimeout) as exc:  # this document's fault: not the graph's nor the index's
+                if unreadable is None:
+                    raise
+                unreadable.append(Unreadable(f.doc_id, str(exc)))
+                if progress is not None:
+                    progress(f.doc_id, 0)
+                continue
             if progress is not None:
                 progress(f.doc_id, len(doc.texts))
             yield doc
@@ -193,19 +222,24 @@ def build_index(
     refine: bool = True,
     progress: Progress | None = None,
     note: Callable[[str], None] | None = None,
+    unreadable: list[Unreadable] | None = None,
 ) -> DocumentIndex:
     """Read ``files``, learn the head from all their lines (``dim`` None: 128 when there are enough
-    lines, else no head; ``refine``: with residual codes for re-ranking), and write a new index at ``out``."""
+    lines, else no head; ``refine``: with residual codes for re-ranking), and write a new index at ``out``.
+    ``unreadable``: a list to collect documents that cannot be read (skipped); None raises at the first."""
     check_collection_name(collection)
     reader = DocumentReader(graph)
     try:
-        docs = list(reader.read_all(files, progress))
+        docs = list(reader.read_all(files, progress, unreadable))
     finally:
         reader.close()
     all_emb = [d.embeddings for d in docs if len(d.texts)]
     if not all_emb:
+        bad = (
+            f"; {len(unreadable)} of {len(files)} could not be read, e.g. {unreadable[0].reason}" if unreadable else ""
+        )
         raise UsageError(
-            "no lines were read from the inputs (blank pages or empty files); fix: index documents with text"
+            f"no lines were read from the inputs (blank pages or empty files{bad}); fix: index documents with text"
         )
     stacked = np.concatenate(all_emb, axis=0)
     enc_dim = stacked.shape[1]
@@ -238,8 +272,10 @@ def add_documents(
     *,
     collection: str,
     progress: Progress | None = None,
+    strict: bool = False,
 ) -> AddReport:
-    """Add new documents, replace changed ones (same id, other SHA-256), skip unchanged; then save."""
+    """Add new documents, replace changed ones (same id, other SHA-256), skip unchanged; then save.
+    A document that cannot be read goes to ``report.unreadable`` (``strict``: raised instead)."""
     enc_path = find_text_encoder(graph).encoder_path(graph)
     index.check_encoder(file_digest(enc_path))
     shard = index.shards.get(collection)
@@ -258,11 +294,14 @@ def add_documents(
         check_collection_name(collection)
         reader = DocumentReader(graph)
         try:
-            for doc in reader.read_all(todo, progress):
+            for doc in reader.read_all(todo, progress, None if strict else report.unreadable):
                 _add(index, collection, doc, index.head)
                 report.lines += len(doc.texts)
         finally:
             reader.close()
+        left_out = {u.doc_id for u in report.unreadable}
+        report.added = [d for d in report.added if d not in left_out]
+        report.replaced = [d for d in report.replaced if d not in left_out]
         index.save()
     return report
 
