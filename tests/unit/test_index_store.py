@@ -191,3 +191,69 @@ def test_empty_shard_search_and_scan_inputs(tmp_path: Path) -> None:
     assert skipped == [str(tmp_path / "d" / "notes.md")]
     with pytest.raises(UsageError, match=r"does not exist; fix: pass a folder"):
         scan_inputs([tmp_path / "missing"])
+
+
+def _damage(folder: Path, how: str) -> None:
+    manifest = folder / "manifest.json"
+    m = json.loads(manifest.read_text())
+    lines = folder / "shards" / "c" / "lines.vectors.npz"
+    meta = folder / "shards" / "c" / "meta.json"
+    if how == "manifest-a-list":
+        manifest.write_text("[1, 2]")
+    elif how == "dim-huge":
+        manifest.write_text(json.dumps(m | {"dim": 10**12}))
+    elif how == "dim-a-string":
+        manifest.write_text(json.dumps(m | {"dim": "32"}))
+    elif how == "collection-outside":
+        manifest.write_text(json.dumps(m | {"collections": ["../../outside"]}))
+    elif how == "collections-a-string":
+        manifest.write_text(json.dumps(m | {"collections": "c"}))
+    elif how == "head-missing":
+        (folder / "head.npz").unlink()
+    elif how == "head-garbage":
+        (folder / "head.npz").write_bytes(b"garbage")
+    elif how == "vectors-truncated":
+        lines.write_bytes(lines.read_bytes()[:20])
+    elif how == "vectors-declare-1tib":  # an .npy member whose header declares 1 TiB over 16 bytes
+        import io
+        import zipfile
+
+        with zipfile.ZipFile(lines) as z:
+            members = {n: z.read(n) for n in z.namelist()}
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 38,)})
+        members["keys.npy"] = header.getvalue() + b"\0" * 16
+        with zipfile.ZipFile(lines, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, data)
+    elif how == "meta-a-list":
+        meta.write_text("[1]")
+    elif how == "meta-short-line":
+        meta.write_text(json.dumps(json.loads(meta.read_text()) | {"lines": [[1, 2]]}))
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "match"),
+    [
+        ("manifest-a-list", UsageError, r"index format 'a JSON list'"),
+        ("dim-huge", UsageError, r"manifest.json: dim is 1000000000000, not a vector width in 1\.\.65536; fix"),
+        ("dim-a-string", UsageError, r"dim is '32', not a vector width"),
+        ("collection-outside", UsageError, r"collections holds '\.\./\.\./outside', not a collection name"),
+        ("collections-a-string", UsageError, r"collections is 'c', not a list"),
+        ("head-missing", UsageError, r"head\.npz: not a usg index head \(FileNotFoundError"),
+        ("head-garbage", UsageError, r"head\.npz: not a usg index head .*fix: the index folder is damaged"),
+        ("vectors-truncated", InputError, r"lines\.vectors\.npz: not a vector set \(BadZipFile"),
+        ("vectors-declare-1tib", InputError, r"lines\.vectors\.npz: not a vector set \(MemoryError"),
+        ("meta-a-list", InputError, r"meta\.json does not hold a shard \(TypeError"),
+        ("meta-short-line", InputError, r"meta\.json does not hold a shard \(ValueError"),
+    ],
+)
+def test_a_damaged_index_folder_is_a_clear_error_never_a_crash(tmp_path: Path, how: str, error: type, match: str):
+    """Each was an internal error (AttributeError, faiss's own exception, FileNotFoundError, BadZipFile,
+    TypeError); a collection name from the manifest led outside the index and into an `rm -r` fix."""
+    make_index(tmp_path, Head("identity", D, D), {"doc": unit_rows(3)})
+    _damage(tmp_path / "idx", how)
+    with pytest.raises(error, match=match) as info:
+        DocumentIndex.open(tmp_path / "idx")
+    assert type(info.value) is error
+    assert "rm -r" not in str(info.value) or "outside" not in str(info.value)

@@ -15,6 +15,7 @@ search re-ranks the graph's candidates with them (see usg.index.residual).
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,18 +107,33 @@ class Head:
 
     @classmethod
     def load(cls, path: Path) -> Head:
-        with np.load(path, allow_pickle=False) as z:
-            kind = str(z["kind"])
-            matrix = z["matrix"].astype(np.float32) if kind != "identity" else None
-            residual = None
-            if "res_matrix" in z.files:
-                residual = ResidualCodes(
-                    z["res_matrix"].astype(np.float32),
-                    z["res_lo"].astype(np.float32),
-                    z["res_step"].astype(np.float32),
-                    int(z["res_n8"]),
-                )
-            return cls(kind, int(z["in_dim"]), int(z["out_dim"]), matrix, float(z["explained"]), residual)
+        """The head saved at ``path``; a missing or damaged file is a UsageError naming it."""
+        try:
+            with path.open("rb") as fh, np.load(fh, allow_pickle=False) as z:
+                kind = str(z["kind"])
+                in_dim, out_dim = int(z["in_dim"]), int(z["out_dim"])
+                matrix = z["matrix"].astype(np.float32) if kind != "identity" else None
+                residual = None
+                if "res_matrix" in z.files:
+                    residual = ResidualCodes(
+                        z["res_matrix"].astype(np.float32),
+                        z["res_lo"].astype(np.float32),
+                        z["res_step"].astype(np.float32),
+                        int(z["res_n8"]),
+                    )
+                explained = float(z["explained"])
+        except (OSError, ValueError, KeyError, TypeError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
+            raise UsageError(
+                f"{path}: not a usg index head ({type(exc).__name__}: {exc}); "
+                "fix: the index folder is damaged; rebuild it with usg index build DIR -o INDEX --force"
+            ) from None
+        if kind not in ("identity", "pca") or (matrix is not None and matrix.shape != (in_dim, out_dim)):
+            shape = None if matrix is None else matrix.shape
+            raise UsageError(
+                f"{path}: head kind {kind!r} with a {shape} matrix for {in_dim}→{out_dim}; "
+                "fix: the index folder is damaged; rebuild it with usg index build DIR -o INDEX --force"
+            )
+        return cls(kind, in_dim, out_dim, matrix, explained, residual)
 
 
 def fit_head(embeddings: np.ndarray[Any, Any], dim: int, *, refine: bool = True) -> Head:

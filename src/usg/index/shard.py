@@ -139,10 +139,18 @@ class Shard:
                 field=str(meta_path),
                 fix=f"the shard is damaged; remove the collection (rm -r {folder}) and add its documents again",
             ) from None
-        shard = cls(str(meta["name"]), dim, code_bytes)
-        shard.next_key = int(meta["next_key"])
-        shard.documents = {d: DocumentRecord.from_json(d, r) for d, r in meta["documents"].items()}
-        shard.entries = {int(k): (str(doc), str(text), box) for k, doc, text, box in meta["lines"]}
+        damaged = f"the shard is damaged; remove the collection (rm -r {folder}) and add its documents again"
+        try:
+            shard = cls(str(meta["name"]), dim, code_bytes)
+            shard.next_key = int(meta["next_key"])
+            shard.documents = {str(d): DocumentRecord.from_json(str(d), r) for d, r in meta["documents"].items()}
+            shard.entries = {int(k): (str(doc), str(text), box) for k, doc, text, box in meta["lines"]}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(
+                f"shard {folder.name!r}: {meta_path} does not hold a shard ({type(exc).__name__}: {exc})",
+                field=str(meta_path),
+                fix=damaged,
+            ) from None
         for vs_name in ("lines", "pages"):
             path = folder / f"{vs_name}.vectors.npz"
             if not path.is_file():

@@ -72,6 +72,36 @@ def check_collection_name(name: str) -> str:
     return name
 
 
+#: widest vectors an index may declare (the manifest is read before anything of that size is made)
+MAX_DIM = 65536
+
+
+def _manifest_problem_free(mpath: Path, manifest: dict[str, Any]) -> int:
+    """The manifest's vector width, after checking every field :meth:`DocumentIndex.open` reads: a
+    damaged or hand-edited manifest is a UsageError naming the field, never a crash or a path
+    outside the index (collection names become folder names)."""
+
+    def bad(field: str, why: str) -> UsageError:
+        return UsageError(f"{mpath}: {field} {why}; fix: rebuild the index (usg index build DIR -o INDEX --force)")
+
+    dim = manifest.get("dim")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
+        raise bad("dim", f"is {dim!r}, not a vector width in 1..{MAX_DIM}")
+    head = manifest.get("head")
+    if not isinstance(head, dict) or not isinstance(head.get("digest"), str):
+        raise bad("head", f"is {head!r}, not an object with the head's digest")
+    encoder = manifest.get("encoder")
+    if not isinstance(encoder, dict) or not isinstance(encoder.get("sha256"), str):
+        raise bad("encoder", f"is {encoder!r}, not an object with the encoder's sha256")
+    names = manifest.get("collections")
+    if not isinstance(names, list):
+        raise bad("collections", f"is {names!r}, not a list of collection names")
+    for name in names:
+        if not isinstance(name, str) or not _COLLECTION.match(name):
+            raise bad("collections", f"holds {name!r}, not a collection name (letters, digits, '.', '_', '-')")
+    return dim
+
+
 class DocumentIndex:
     """An open index. Create with :meth:`create`, open with :meth:`open`, write back with :meth:`save`."""
 
@@ -107,20 +137,22 @@ class DocumentIndex:
             )
         try:
             manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             raise UsageError(f"{mpath} is not valid JSON ({exc}); fix: rebuild the index") from None
-        if manifest.get("format") != FORMAT:
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            found = manifest.get("format") if isinstance(manifest, dict) else f"a JSON {type(manifest).__name__}"
             raise UsageError(
-                f"{p}: index format {manifest.get('format')!r}, this usg reads {FORMAT!r}; "
-                "fix: rebuild the index with this version"
+                f"{p}: index format {found!r}, this usg reads {FORMAT!r}; fix: rebuild the index with this version"
             )
+        dim = _manifest_problem_free(mpath, manifest)
         head = Head.load(p / "head.npz")
         if head.digest != manifest["head"]["digest"]:
             raise UsageError(
                 f"{p}: head.npz (sha256 {head.digest[:12]}) is not the head the manifest records "
                 f"({manifest['head']['digest'][:12]}); fix: rebuild the index"
             )
-        dim = int(manifest["dim"])
+        if head.out_dim != dim:
+            raise UsageError(f"{p}: head.npz makes {head.out_dim}-d vectors, the manifest says {dim}; fix: rebuild")
         shards = {name: Shard.load(p / "shards" / name, dim, head.code_bytes) for name in manifest["collections"]}
         return cls(p, manifest, head, shards)
 

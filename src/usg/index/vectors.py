@@ -17,6 +17,7 @@ neighbours (``EF_REFINE`` wide) and re-ranks them by head score + residual score
 from __future__ import annotations
 
 import io
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -191,13 +192,13 @@ class VectorSet:
     def load(cls, path: Path, dim: int, code_bytes: int = 0) -> VectorSet:
         faiss = _faiss()
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with path.open("rb") as fh, np.load(fh, allow_pickle=False) as z:
                 blob, keys, dead, file_dim = z["index"], z["keys"], z["dead"], int(z["dim"])
                 codes = z["codes"] if "codes" in z.files else np.zeros((len(keys), 0), np.uint8)
             index = faiss.deserialize_index(blob)
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        except (OSError, ValueError, KeyError, RuntimeError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
             raise InputError(
-                f"{path}: not a vector set ({exc})",
+                f"{path}: not a vector set ({type(exc).__name__}: {exc})",
                 field=str(path),
                 fix="the index folder is damaged; rebuild it with usg index build",
             ) from None
