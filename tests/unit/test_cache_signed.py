@@ -59,9 +59,7 @@ def test_the_secret_must_be_set_and_long_enough(monkeypatch):
     with pytest.raises(GraphError, match=r"cache\.hmac_key_env: hmac_key_env names 'USG_TEST_CACHE_KEY'.*not set"):
         read_secret("USG_TEST_CACHE_KEY", "cache.hmac_key_env")
     monkeypatch.setenv("USG_TEST_CACHE_KEY", "short")
-    with pytest.raises(
-        GraphError, match=r"holds 5 bytes; a signing secret needs at least 16(.|\n)*openssl rand"
-    ):
+    with pytest.raises(GraphError, match=r"holds 5 bytes; a signing secret needs at least 16(.|\n)*openssl rand"):
         read_secret("USG_TEST_CACHE_KEY", "cache.hmac_key_env")
     monkeypatch.setenv("USG_TEST_CACHE_KEY", SECRET.decode())
     assert read_secret("USG_TEST_CACHE_KEY", "cache.hmac_key_env") == SECRET

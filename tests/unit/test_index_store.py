@@ -257,3 +257,15 @@ def test_a_damaged_index_folder_is_a_clear_error_never_a_crash(tmp_path: Path, h
         DocumentIndex.open(tmp_path / "idx")
     assert type(info.value) is error
     assert "rm -r" not in str(info.value) or "outside" not in str(info.value)
+
+
+def test_long_text_lines_are_indexed_in_pieces_cut_at_spaces() -> None:
+    from usg.index.build import MAX_LINE_CHARS, line_pieces
+
+    assert line_pieces("") == [] and line_pieces("total due") == ["total due"]
+    words = " ".join(f"w{i:04d}" for i in range(1000))  # 5999 characters
+    pieces = line_pieces(words)
+    assert all(0 < len(p) <= MAX_LINE_CHARS for p in pieces) and " ".join(pieces) == words
+    assert all(not p.startswith(" ") and not p.endswith(" ") for p in pieces)
+    solid = "x" * (2 * MAX_LINE_CHARS + 5)  # no space: cut mid-word
+    assert [len(p) for p in line_pieces(solid)] == [MAX_LINE_CHARS, MAX_LINE_CHARS, 5]

@@ -45,6 +45,10 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".
 AUTO_DIM = 128
 MIN_LINES_PER_DIM = 8  # "auto" learns a 128-d head only from at least 8 × 128 lines
 MAX_TEXT_BYTES = 64 * 2**20
+#: a .txt line longer than this is indexed as several entries, cut at spaces: the encoder reads ~256
+#: tokens of a line (a few hundred words; fewer for CJK text), so the rest of a long paragraph would
+#: be invisible to search, and every hit would carry the whole paragraph back
+MAX_LINE_CHARS = 600
 
 Progress = Callable[[str, int], None]  # (document id, lines read) after each document
 
@@ -169,8 +173,7 @@ class DocumentReader:
                     field=str(f.path),
                     fix="convert it to UTF-8 (iconv -t utf-8) or leave it out",
                 ) from None
-            texts = [" ".join(line.split()) for line in content.splitlines()]
-            texts = [t for t in texts if t]
+            texts = [piece for line in content.splitlines() for piece in line_pieces(" ".join(line.split()))]
             boxes = [None] * len(texts)
             both = (
                 self.encoder.encode([*texts, "\n".join(texts)])
@@ -198,6 +201,23 @@ class DocumentReader:
             if progress is not None:
                 progress(f.doc_id, len(doc.texts))
             yield doc
+
+
+def line_pieces(text: str, limit: int = MAX_LINE_CHARS) -> list[str]:
+    """``text`` (whitespace already collapsed) in pieces of at most ``limit`` characters, cut at the
+    last space before the limit (mid-word only where a piece has no space); empty text: none."""
+    pieces: list[str] = []
+    while len(text) > limit:
+        cut = text.rfind(" ", 0, limit + 1)
+        if cut <= 0:
+            pieces.append(text[:limit])
+            text = text[limit:]
+        else:
+            pieces.append(text[:cut])
+            text = text[cut + 1 :]
+    if text:
+        pieces.append(text)
+    return pieces
 
 
 def _add(index: DocumentIndex, collection: str, doc: ReadDocument, head: Head) -> None:

@@ -37,8 +37,10 @@ _FIX = 'send {"query": "some text", "k": 10} (or {"image": {"b64": "..."}} for p
 
 def _k(value: Any) -> int:
     try:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError  # 2.5 is not a count of results (int() would make it 2)
         k = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"k={value!r} is not an integer", field="k", fix=f"send k between 1 and {MAX_K}") from None
     if isinstance(value, bool) or not 1 <= k <= MAX_K:
         raise InputError(f"k={value!r} is out of range", field="k", fix=f"send k between 1 and {MAX_K}")
