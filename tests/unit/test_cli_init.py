@@ -136,3 +136,65 @@ def test_a_missing_module_says_where_it_was_looked_for(tmp_path, capsys):
     code, _, err = run_cli(["run", str(tmp_path / "g.yaml"), "-i", "text=hi"], capsys)
     assert code == 1
     assert "put no_such_local_ops.py next to the graph file" in err and "PYTHONPATH" in err
+
+
+def _run_plain(graph: Path, capsys) -> str:
+    """The run command of the graph's header without --json: the table/line printer, not only the JSON."""
+    command = shlex.split(graph.read_text().splitlines()[1].removeprefix("# Run it:   usg "))
+    code, out, err = run_cli(command, capsys)
+    assert code == 0, err
+    return out
+
+
+def test_port_names_that_collapse_to_one_identifier_stay_separate(tmp_path, capsys):
+    """``a-b`` and ``a_b`` both became graph input ``a_b``, which fed both model inputs (Sub gave 0)."""
+    a = helper.make_tensor_value_info("a-b", TensorProto.FLOAT, [1, 4])
+    b = helper.make_tensor_value_info("a_b", TensorProto.FLOAT, [1, 4])
+    y1 = helper.make_tensor_value_info("out/0", TensorProto.FLOAT, [1, 4])
+    y2 = helper.make_tensor_value_info("out_0", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Sub", ["a-b", "a_b"], ["out/0"]), helper.make_node("Add", ["a-b", "a_b"], ["out_0"])]
+    model = _save(tmp_path / "sub.onnx", nodes, [a, b], [y1, y2])
+    result, graph = _init_and_run(tmp_path, model, "sub", capsys)
+    import yaml
+
+    doc = yaml.safe_load(graph.read_text())
+    assert doc["nodes"]["model"]["inputs"] == {"a-b": "inputs.a_b", "a_b": "inputs.a_b_2"}
+    assert doc["outputs"] == {"out_0": "model.out/0", "out_0_2": "model.out_0"}
+    samples = tmp_path / "g" / "sub_samples"
+    first, second = np.load(samples / "a_b.npy"), np.load(samples / "a_b_2.npy")
+    np.testing.assert_allclose(result["outputs"]["out_0"], first - second, rtol=1e-6)
+    assert np.any(np.array(result["outputs"]["out_0"]) != 0)
+
+
+def test_a_string_input_and_a_scalar_output_run_and_print(tmp_path, capsys):
+    """A STRING input was declared dtype object (the graph did not load); a str or 0-d output crashed `usg run`."""
+    s = helper.make_tensor_value_info("s", TensorProto.STRING, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, ["n"])
+    model = _save(tmp_path / "str.onnx", [helper.make_node("Identity", ["s"], ["y"])], [s], [y])
+    result, graph = _init_and_run(tmp_path, model, "strs", capsys)
+    assert result["outputs"]["y"] == ["hello from usg init"]
+    out = _run_plain(graph, capsys)
+    assert "y: " in out and "['hello from usg init', …]" in out
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [])
+    node = helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)
+    graph_def = helper.make_graph([node], "g", [x], [total])
+    scalar = helper.make_model(graph_def, opset_imports=[helper.make_opsetid("", 11)])
+    scalar.ir_version = 8
+    onnx.save(scalar, tmp_path / "sum.onnx")
+    result, graph = _init_and_run(tmp_path, tmp_path / "sum.onnx", "total", capsys)
+    out = _run_plain(graph, capsys)
+    assert "total: float32[]" in out and f"‖row0‖={abs(result['outputs']['total']):.4f}" in out
+
+
+def test_a_huge_declared_shape_is_refused_before_anything_is_written(tmp_path, capsys):
+    """[1, 100000, 100000] allocated a 74.5 GiB sample (MemoryError: an internal error)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 100000, 100000])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100000, 100000])
+    model = _save(tmp_path / "huge.onnx", [helper.make_node("Identity", ["x"], ["y"])], [x], [y])
+    code, _, err = run_cli(["init", str(model), "--name", "huge", "--dir", str(tmp_path / "g")], capsys)
+    text = " ".join(err.split())
+    assert code != 0 and "model input 'x' declares the shape [1, 100000, 100000]" in text
+    assert "10,000,000,000 values" in text and "fix:" in text
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())

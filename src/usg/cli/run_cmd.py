@@ -141,7 +141,7 @@ def _render(result: InferResult, streamed: Collection[str] = ()) -> None:
     for name, value in result.outputs.items():
         if name in streamed:
             continue  # its text was printed as it arrived
-        if name == "lines" and isinstance(value, list):
+        if name == "lines" and isinstance(value, list) and all(_is_ocr_line(v) for v in value):
             table = Table(title=escape(f"{name} ({len(value)})"), show_lines=False)
             table.add_column("#", justify="right")
             table.add_column("text")
@@ -157,12 +157,7 @@ def _render(result: InferResult, streamed: Collection[str] = ()) -> None:
                 )
             out_console.print(table)
         elif isinstance(value, np.ndarray):
-            head = ", ".join(f"{v:.4f}" for v in value.reshape(-1)[:6])
-            norm = float(np.linalg.norm(value.reshape(value.shape[0], -1), axis=1)[0]) if value.size else 0.0
-            out_console.print(
-                f"[bold]{escape(name)}[/]: {value.dtype}{escape(str(list(value.shape)))}  "
-                f"{escape(f'[{head}, …]')}  ‖row0‖={norm:.4f}"
-            )
+            out_console.print(_array_line(name, value))
         elif isinstance(value, dict) and "best_line" in value:
             out_console.print(_relevance_line(name, value))
         else:
@@ -172,6 +167,27 @@ def _render(result: InferResult, streamed: Collection[str] = ()) -> None:
     timings = ", ".join(f"{k} {v:.1f}" for k, v in result.node_ms.items())
     out_console.print(f"[dim]node ms¹: {escape(timings)}[/]")
     out_console.print(f"[dim]{NODE_MS_NOTE}[/]")
+
+
+def _is_ocr_line(line: object) -> bool:
+    """An item of the OCR examples' ``lines`` output (text, score, a 4-point box), printed as a table row."""
+    if not isinstance(line, dict) or not isinstance(line.get("score"), (int, float)):
+        return False
+    box = line.get("box")
+    return "text" in line and isinstance(box, list) and len(box) >= 3 and all(len(p) >= 2 for p in box)
+
+
+def _array_line(name: str, value: np.ndarray[Any, Any]) -> str:
+    """One line for an array output: dtype, shape, its first values and, for numbers, the first row's norm."""
+    flat = value.reshape(-1)[:6]
+    shape = escape(str(list(value.shape)))
+    if value.dtype.kind in "biuf":
+        head = ", ".join(f"{v:.4f}" for v in flat.astype(np.float64))
+        rows = value.reshape(value.shape[0] if value.ndim else 1, -1).astype(np.float64)
+        norm = float(np.linalg.norm(rows[0])) if value.size else 0.0
+        return f"[bold]{escape(name)}[/]: {value.dtype}{shape}  {escape(f'[{head}, …]')}  ‖row0‖={norm:.4f}"
+    head = ", ".join(repr(v if len(str(v)) <= 40 else f"{str(v)[:40]}…") for v in flat.tolist())
+    return f"[bold]{escape(name)}[/]: {value.dtype}{shape}  {escape(f'[{head}, …]')}"
 
 
 NODE_MS_NOTE = (

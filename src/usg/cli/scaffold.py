@@ -9,9 +9,11 @@ is on the import path of its nodes) and one sample input per graph input.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,23 @@ def classify(inputs: list[ModelPort], overrides: dict[str, str]) -> dict[str, st
 
 def _sample_dims(dims: tuple[Dim, ...]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d > 0 else (1 if i == 0 else 8) for i, d in enumerate(dims))
+
+
+#: a sample larger than this (values) is not generated: the model's declared shape is checked first
+MAX_SAMPLE_VALUES = 1 << 26
+
+
+def _check_sample_size(p: ModelPort) -> None:
+    shape = _sample_dims(p.dims)
+    n = math.prod(shape)
+    if n > MAX_SAMPLE_VALUES:
+        raise InputError(
+            f"model input {p.name!r} declares the shape {list(p.dims)}: a sample would hold {n:,} values, "
+            f"past the {MAX_SAMPLE_VALUES:,} usg init writes",
+            field=p.name,
+            fix="check the model's declared input shape (usg doctor MODEL); export it with dynamic axes if they "
+            "are meant to vary",
+        )
 
 
 def _image_geometry(p: ModelPort) -> tuple[int, int, int, str]:
@@ -311,28 +330,47 @@ class _Writer:
         _write_sample_image(sample, size)
         self.samples[gin] = str(sample)
 
+    def unique(self, name: str) -> str:
+        """``name``, or ``name_2``, ``name_3``... if a graph input already has it (``a-b`` and ``a_b``
+        would both be ``a_b``: one graph input would feed two model inputs)."""
+        out, i = name, 1
+        while out in self.inputs:
+            i += 1
+            out = f"{name}_{i}"
+        return out
+
     def tensor(self, p: ModelPort) -> None:
-        gin = _ident(p.name)
-        self.inputs[gin] = {"modality": "tensor", "dtype": p.dtype, "shape": list(p.dims)}
+        gin = self.unique(_ident(p.name))
+        dtype = "str" if p.dtype == "object" else p.dtype  # an ONNX STRING tensor
+        self.inputs[gin] = {"modality": "tensor", "dtype": dtype, "shape": list(p.dims)}
         self.wiring[p.name] = f"inputs.{gin}"
         sample = self.sample_dir / f"{gin}.npy"
-        values = np.random.default_rng(0).standard_normal(_sample_dims(p.dims))
-        np.save(sample, values.astype(p.dtype) if p.dtype.startswith("float") else np.zeros_like(values, p.dtype))
+        shape = _sample_dims(p.dims)
+        if dtype == "str":
+            values: np.ndarray[Any, Any] = np.full(shape, "hello from usg init")
+        elif p.dtype.startswith("float"):
+            # a seed per input: equal samples would hide two inputs swapped or wired to one source
+            seed = zlib.crc32(gin.encode())
+            values = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32).astype(p.dtype)
+        else:
+            values = np.zeros(shape, p.dtype)
+        np.save(sample, values, allow_pickle=False)
         self.samples[gin] = str(sample)
 
     def text(self, ports: list[ModelPort], vocab: dict[str, int], tokenizer: str | None) -> None:
-        self.inputs["text"] = {"modality": "text"}
+        gin = self.unique("text")
+        self.inputs[gin] = {"modality": "text"}
         if tokenizer is not None:
             options = {"max_length": _fixed_len(ports)}
             self.models["tokenizer"] = {"backend": "tokenizer", "path": tokenizer, "options": options}
-            self.nodes["tokenize"] = {"model": "tokenizer", "inputs": {"text": "inputs.text"}}
+            self.nodes["tokenize"] = {"model": "tokenizer", "inputs": {"text": f"inputs.{gin}"}}
         else:
             size = vocab.get("input_ids", 0) if any(p.name == "input_ids" for p in ports) else 0
             self.ops_src += _text_stub("tokenize", ports, size or 256, _fixed_len(ports))
-            self.nodes["tokenize"] = {"fn": f"{self.ident}_ops:tokenize", "inputs": {"text": "inputs.text"}}
+            self.nodes["tokenize"] = {"fn": f"{self.ident}_ops:tokenize", "inputs": {"text": f"inputs.{gin}"}}
         for p in ports:
             self.wiring[p.name] = f"tokenize.{p.name}"
-        self.samples["text"] = "hello from usg init"
+        self.samples[gin] = "hello from usg init"
 
 
 def _model_doc(model_path: Path, out_dir: Path, inputs: list[ModelPort]) -> dict[str, Any]:
@@ -346,6 +384,18 @@ def _model_doc(model_path: Path, out_dir: Path, inputs: list[ModelPort]) -> dict
         # only equal shapes share a batch unless you declare pad: (for pad-safe models only)
         doc["batch"] = {"max_size": 8, "max_delay_ms": 2}
     return doc
+
+
+def _output_names(outputs: list[ModelPort]) -> dict[str, str]:
+    """Graph output name -> the model port it reads; names made unique as graph inputs' are."""
+    names: dict[str, str] = {}
+    for o in outputs:
+        name, i = _ident(o.name), 1
+        while name in names:
+            i += 1
+            name = f"{_ident(o.name)}_{i}"
+        names[name] = "model.out" if len(outputs) == 1 else f"model.{o.name}"
+    return names
 
 
 def write_scaffold(
@@ -369,11 +419,14 @@ def write_scaffold(
     sample_dir = out_dir / f"{ident}_samples"
     needs_ops = "image" in kinds.values() or ("text" in kinds.values() and tokenizer is None)
     _check_free([graph_path, sample_dir, *([ops_path] if needs_ops else [])], force)
+    for p in inputs:
+        if kinds[p.name] == "tensor":
+            _check_sample_size(p)  # before anything is written
     sample_dir.mkdir(parents=True, exist_ok=True)
     w = _Writer(model_path, graph_path, sample_dir, ident, len(inputs))
     images = [p for p in inputs if kinds[p.name] == "image"]
     for p in images:
-        w.image(p, "image" if len(images) == 1 else _ident(p.name))
+        w.image(p, "image" if len(images) == 1 else w.unique(_ident(p.name)))
     for p in inputs:
         if kinds[p.name] == "tensor":
             w.tensor(p)
@@ -387,7 +440,7 @@ def write_scaffold(
         "inputs": w.inputs,
         "models": {"model": _model_doc(model_path, out_dir, inputs), **w.models},
         "nodes": w.nodes,
-        "outputs": {_ident(o.name): "model.out" if len(outputs) == 1 else f"model.{o.name}" for o in outputs},
+        "outputs": _output_names(outputs),
     }
     scaffold = Scaffold(graph_path, ops_path if needs_ops else None, w.samples)
     header = (
