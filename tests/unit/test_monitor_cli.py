@@ -80,3 +80,66 @@ def test_report_needs_html_or_pdf(tmp_path: Path) -> None:
     assert data["violating"] == 1 and data["budget"]["per_node"] == {"(executor)": 1.0}
     with pytest.raises(UsageError, match=r"unknown report format '\.png'; fix: end the name in \.html or \.pdf"):
         write_report(data, reqs, tmp_path / "r.png")
+
+
+def _mutated(ref: Path, tmp_path: Path, name: str, edit) -> Path:
+    doc = json.loads(ref.read_text())
+    edit(doc)
+    out = tmp_path / f"{name}.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "message"),
+    [
+        ("inputs-a-list", lambda d: d.__setitem__("inputs", [1]), "inputs is a list, not an object"),
+        ("no-outputs", lambda d: d.pop("outputs"), "outputs is missing, not an object"),
+        (
+            "text-in-a-sample",
+            lambda d: d["inputs"]["text"]["numeric"]["characters"]["sample"].__setitem__(0, "a"),
+            "inputs.text.numeric.characters.sample[0] is 'a', not a number",
+        ),
+        ("count-a-string", lambda d: d.__setitem__("count", "x"), "count is 'x', not a count"),
+        (
+            "short-embedding-row",
+            lambda d: d["outputs"]["embedding"]["sample"][2].pop(),
+            "outputs.embedding.sample[2] has 15 values, dim says 16",
+        ),
+        (
+            "edges-backwards",
+            lambda d: d["outputs"]["score"]["histogram"].__setitem__("edges", [1, 0]),
+            "outputs.score.histogram has 2 edges (increasing?) for 10 counts",
+        ),
+    ],
+)
+def test_a_damaged_profile_names_the_field_instead_of_crashing_or_comparing_in_part(
+    tmp_path: Path, name: str, edit, message: str
+) -> None:
+    """Each of these was an internal error (AttributeError, ValueError) or — a missing section — a
+    comparison of what was left that reported no drift."""
+    ref = _profile(tmp_path)
+    window = _mutated(ref, tmp_path, name, edit)
+    res = CliRunner().invoke(cli, ["drift", str(ref), str(window)], standalone_mode=False)
+    assert isinstance(res.exception, UsageError), res.output
+    assert message in str(res.exception) and "fix: write it again with `usg profile`" in str(res.exception)
+
+
+def test_a_profile_nested_past_the_parser_limit_is_unreadable_json(tmp_path: Path) -> None:
+    ref = _profile(tmp_path)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    res = CliRunner().invoke(cli, ["drift", str(ref), str(deep)], standalone_mode=False)
+    assert isinstance(res.exception, UsageError) and "not readable JSON (nested too deep)" in str(res.exception)
+
+
+def test_nan_values_a_model_emitted_are_data_not_damage(tmp_path: Path) -> None:
+    ref = _profile(tmp_path)
+    window = _mutated(ref, tmp_path, "nan", lambda d: d["outputs"]["score"]["values"]["sample"].__setitem__(0, None))
+    res = CliRunner().invoke(cli, ["drift", str(ref), str(window)], standalone_mode=False)
+    assert isinstance(res.exception, UsageError)  # null is not a number ...
+    doc = json.loads(ref.read_text())
+    doc["outputs"]["score"]["values"]["sample"][0] = float("nan")
+    (tmp_path / "nan2.json").write_text(json.dumps(doc))  # ... but NaN is (json writes it as NaN)
+    res = CliRunner().invoke(cli, ["drift", str(ref), str(tmp_path / "nan2.json")], standalone_mode=False)
+    assert res.exception is None or not isinstance(res.exception, UsageError), res.output

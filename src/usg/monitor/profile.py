@@ -26,6 +26,7 @@ from usg.errors import UsageError, USGError
 from usg.graph.model import Graph
 from usg.monitor.config import MonitorConfig, monitor_config
 from usg.monitor.features import sniff_format
+from usg.monitor.profile_check import check_profile
 from usg.monitor.sketch import Observation, summarize
 from usg.monitor.tap import Tap
 from usg.runtime.observer import Observer
@@ -261,13 +262,15 @@ def load_profile(path: str | Path) -> dict[str, Any]:
         raise UsageError(
             f"profile {p} does not exist; fix: create it with `usg profile GRAPH --inputs DIR -o {p}`"
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
         raise UsageError(
-            f"profile {p} is not readable JSON ({exc}); fix: pass a file written by `usg profile`"
+            f"profile {p} is not readable JSON ({why}); fix: pass a file written by `usg profile`"
         ) from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(
             f"{p} is not a USG profile (format {got!r}, expected {PROFILE_FORMAT!r}); fix: use `usg profile`"
         )
+    check_profile(doc, str(p))
     return doc
