@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
+from usg.errors import UsageError
 from usg.graph import load_graph
 from usg.monitor.otlp import read_traces
 from usg.monitor.slo import attribute, critical_path, parse_slo, split_request
@@ -149,3 +151,48 @@ def test_bad_slo_and_empty_traces_say_the_fix(tmp_path: Path) -> None:
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(UsageError, match=r"no usg.request spans .*fix: record them with `usg serve --trace-file"):
         read_traces([tmp_path / "empty.json"])
+
+
+def _otlp(spans: list) -> str:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]})
+
+
+ROOT = {"name": "usg.request", "traceId": "t", "spanId": "r", "startTimeUnixNano": 0, "endTimeUnixNano": 5_000_000}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("deep", "[" * 100_000 + "]" * 100_000, "JSON nested too deep to be a trace"),
+        ("resource-spans-of-ints", json.dumps({"resourceSpans": [1]}), "no usg.request spans"),
+        ("spans-a-string", json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": "abc"}]}]}), "no usg.request"),
+        ("time-not-a-number", _otlp([{**ROOT, "startTimeUnixNano": "abc"}]), "1 could not be read, e.g. request span"),
+        ("attributes-a-string", _otlp([{**ROOT, "attributes": "x"}]), "attributes is a str, not a list"),
+    ],
+)
+def test_a_malformed_trace_file_is_a_usage_error_never_an_internal_one(tmp_path: Path, name, text, message) -> None:
+    """Each was an internal error (RecursionError, AttributeError, ValueError, TypeError)."""
+    (tmp_path / f"{name}.json").write_text(text)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        read_traces([tmp_path / f"{name}.json"])
+
+
+def test_a_span_that_cannot_be_read_is_left_out_and_counted(tmp_path: Path) -> None:
+    good = {"name": "node a", "traceId": "t", "spanId": "c1", "parentSpanId": "r", "startTimeUnixNano": 0}
+    bad = {**good, "spanId": "c2", "attributes": [{"key": "usg.queue_ms", "value": {"stringValue": "abc"}}]}
+    odd = {**ROOT, "spanId": "r2", "attributes": [{"key": "usg.request_id", "value": 5}]}  # a value not an object
+    (tmp_path / "t.json").write_text(_otlp([ROOT, good, bad, odd]))
+    skipped: list[str] = []
+    requests = read_traces([tmp_path / "t.json"], skipped)
+    assert [len(r.nodes) for r in requests] == [1, 0]
+    assert skipped == ["node span 'c2': ValueError: could not convert string to float: 'abc'"]
+
+
+def test_many_requests_without_trace_ids_are_read_in_linear_time(tmp_path: Path) -> None:
+    """Every root span was matched against every span of its trace: 20 000 requests without a traceId
+    (one bucket) took 19 s, and each root collected the others' parentless children."""
+    spans = [{**ROOT, "traceId": None, "spanId": f"r{i}", "startTimeUnixNano": i} for i in range(20_000)]
+    spans += [{"name": "node n", "spanId": "x", "startTimeUnixNano": 0, "endTimeUnixNano": 1}]  # no parent id
+    (tmp_path / "many.json").write_text(_otlp(spans))
+    requests = read_traces([tmp_path / "many.json"])
+    assert len(requests) == 20_000 and all(not r.nodes for r in requests)

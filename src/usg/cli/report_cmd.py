@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from usg.cli.common import err_console, out_console
 from usg.errors import UsageError
@@ -57,8 +58,13 @@ def slo(traces: tuple[str, ...], slo_text: str, metrics_url: str | None, output:
     from usg.monitor.slo_report import write_report
 
     objective = parse_slo(slo_text)
+    skipped: list[str] = []
     with err_console.status(f"reading {len(traces)} trace file(s)"):
-        requests = read_traces([Path(t) for t in traces])
+        requests = read_traces([Path(t) for t in traces], skipped)
+    if skipped:
+        err_console.print(
+            f"[yellow]note:[/] {len(skipped)} span(s) could not be read and are left out (first: {escape(skipped[0])})"
+        )
     data = attribute(requests, objective)
     metrics = _scrape(metrics_url) if metrics_url else None
     with err_console.status("rendering plots"):
