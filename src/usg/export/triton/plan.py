@@ -10,6 +10,7 @@ reason against an ensemble, so the CLI can say why.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from usg.backends.python_fn import import_callable
@@ -129,7 +130,24 @@ class _Planner:
         return real_port(self.io[node.model], ref.port)
 
 
+def check_model_name(name: str, what: str) -> None:
+    """A Triton model's name is its directory in the repository: one path component, not hidden."""
+    bad = [c for c in ("/", "\\", "\0") if c in name] or (["a leading '.'"] if name.startswith(".") else [])
+    if not name or bad or any(ord(c) < 32 for c in name) or len(name.encode()) > 255:
+        why = f"it holds {bad[0]!r}" if bad and bad[0] in ("/", "\\", "\0") else (bad[0] if bad else "")
+        raise UsageError(
+            f"{what} {name!r} cannot name a Triton model: the name is its folder in the repository"
+            f"{f' ({why})' if why else ''}; fix: rename it to letters, digits, '_', '-' and '.' "
+            f"(e.g. {re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('._') or 'model'!r})"
+        )
+
+
 def _names(graph: Graph, models: list[str], fn_nodes: list[str]) -> dict[str, str]:
+    check_model_name(graph.name, "graph name")
+    for model in models:
+        check_model_name(model, "model")
+    for node in fn_nodes:
+        check_model_name(node, "node")
     taken = set(models)
     if graph.name in taken:
         raise UsageError(

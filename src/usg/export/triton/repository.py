@@ -73,7 +73,16 @@ def install_file(src: Path, dst: Path, *, link: bool) -> None:
     """Copy (or symlink) a model file to ``dst``, with the external data files an ONNX file names."""
     pairs = [(src, dst)]
     if src.suffix == ".onnx":
-        pairs += [(src.parent / rel, dst.parent / rel) for rel in _external_data(src)]
+        for rel in _external_data(src):
+            inside = Path(os.path.normpath(rel))
+            if inside.is_absolute() or inside.parts[:1] == ("..",) or not inside.parts:
+                raise UsageError(
+                    f"model file {src} names external data at {rel!r}, outside its own folder; the export would "
+                    "read and write files outside the model's and the repository's folders (ONNX Runtime refuses "
+                    "such a model too); fix: save the model with its external data beside it "
+                    "(onnx.save_model(..., save_as_external_data=True, location='NAME.data'))"
+                )
+            pairs.append((src.parent / inside, dst.parent / inside))
     for s, d in pairs:
         if not s.is_file():
             raise UsageError(f"model file {s} does not exist; fix: check the graph's model paths")

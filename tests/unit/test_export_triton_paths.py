@@ -1,0 +1,81 @@
+"""usg export triton writes only inside OUT_DIR: names that are paths, and external data outside the model's folder,
+are refused before anything is written (a graph named '../../evil' wrote /tmp/evil)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from usg.errors import UsageError
+from usg.export.triton import export_triton
+from usg.graph import GraphBuilder
+from usg.specs import TensorSpec
+
+
+def _onnx(path: Path, *, external: str | None = None) -> Path:
+    w = numpy_helper.from_array(np.ones((3,), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["batch", 3])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if external is not None:
+        w.ClearField("raw_data")
+        model.graph.initializer[0].data_location = onnx.TensorProto.EXTERNAL
+        del model.graph.initializer[0].float_data[:]
+        entry = model.graph.initializer[0].external_data.add()
+        entry.key, entry.value = "location", external
+    path.write_bytes(model.SerializeToString())  # onnx.save would refuse the '..' (what a hostile file holds)
+    return path
+
+
+def _graph(model: Path, *, name: str = "g", model_name: str = "m", node: str = "n"):
+    b = GraphBuilder(name).input("x", "tensor", spec=TensorSpec("float32", ("batch", 3)))
+    b.model(model_name, path=model)
+    b.node(node, model=model_name, inputs={"x": "inputs.x"})
+    b.output("y", f"{node}.y")
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "../../evil"}, r"graph name '\.\./\.\./evil' cannot name a Triton model.*it holds '/'.*'evil'"),
+        ({"model_name": "../up"}, r"model '\.\./up' cannot name a Triton model"),
+        ({"name": ".hidden"}, r"graph name '\.hidden' cannot name a Triton model.*a leading '\.'"),
+        ({"model_name": "a\\b"}, r"model 'a\\\\b' cannot name a Triton model"),
+    ],
+)
+def test_a_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path: Path, kwargs, message) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    model = _onnx(work / "m.onnx")
+    with pytest.raises(UsageError, match=message):
+        export_triton(_graph(model, **kwargs), work / "repo")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["m.onnx", "work"]
+
+
+def test_external_data_outside_the_models_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "outside.data").write_bytes(np.ones(3, np.float32).tobytes())
+    model = _onnx(tmp_path / "models" / "m.onnx", external="../outside.data")
+    with pytest.raises(UsageError, match=r"names external data at '\.\./outside\.data', outside its own folder"):
+        export_triton(_graph(model), tmp_path / "out" / "repo")
+    assert not (tmp_path / "out" / "outside.data").exists()
+
+
+def test_external_data_beside_the_model_is_copied(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "w.data").write_bytes(np.ones(3, np.float32).tobytes())
+    model = _onnx(tmp_path / "models" / "m.onnx", external="w.data")
+    export_triton(_graph(model), tmp_path / "repo")
+    assert (tmp_path / "repo" / "m" / "1" / "w.data").read_bytes() == np.ones(3, np.float32).tobytes()
