@@ -198,3 +198,34 @@ def test_a_huge_declared_shape_is_refused_before_anything_is_written(tmp_path, c
     assert code != 0 and "model input 'x' declares the shape [1, 100000, 100000]" in text
     assert "10,000,000,000 values" in text and "fix:" in text
     assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
+
+
+def test_tune_and_profile_take_the_samples_usg_init_wrote(tmp_path, capsys):
+    """usg tune / usg quantize / usg bench read only images and .txt files: on a graph of tensor inputs they
+    failed with "unknown input(s) 'image', 'text'" (default samples) or "found no images" (--inputs)."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 4])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    model = _save(tmp_path / "add.onnx", [helper.make_node("Add", ["a", "b"], ["y"])], [a, b], [y])
+    _, graph = _init_and_run(tmp_path, model, "adder", capsys)
+    samples = tmp_path / "g" / "adder_samples"
+
+    code, _, err = run_cli(["tune", str(graph), "--dry-run", "--seconds", "0.05"], capsys)
+    assert code == EXIT_USAGE and "graph 'adder' takes a, b, not the built-in document and text samples" in " ".join(
+        err.split()
+    )
+    args = ["tune", str(graph), "--dry-run", "--json", "--seconds", "0.05", "--threads", "1", "--inputs", str(samples)]
+    code, out, err = run_cli([*args, "--batch-sizes", "1,4"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["items_per_request"] == {"model": 1.0}
+    assert [p["batch"] for p in report["profiles"]["model"]] == [1, 4]
+
+    code, _, err = run_cli([*args, "--batch-sizes", "100000000"], capsys)  # 1.6 GB of inputs: refused, not made
+    text = " ".join(err.split())
+    assert code == EXIT_USAGE and "nothing was profiled: every --batch-sizes value makes a batch" in text
+
+    code, _, err = run_cli(["profile", str(graph), "--inputs", str(samples), "-o", str(tmp_path / "p.json")], capsys)
+    assert code == 0, err
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["count"] == 1 and profile["failed"] == []  # a.npy and b.npy are one request

@@ -6,16 +6,19 @@ import base64
 import io
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from usg.errors import UsageError
 
-__all__ = ["Sample", "default_samples", "load_samples", "sample_cycle"]
+if TYPE_CHECKING:
+    from usg.graph import Graph
+
+__all__ = ["Sample", "default_samples", "load_samples", "sample_cycle", "takes_documents"]
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
 _TEXT_SUFFIXES = {".txt"}
@@ -54,15 +57,19 @@ _DEFAULT_TEXTS = (
 
 @dataclass(frozen=True)
 class Sample:
-    """One request's inputs: an RGB uint8 HWC image and/or a text."""
+    """One request's inputs: an RGB uint8 HWC image and/or a text — or, for graphs with other
+    inputs, ``values``: graph input name -> value (as ``usg profile`` reads them from files)."""
 
     name: str
     image: np.ndarray | None = None
     text: str | None = None
     _png: list[bytes] = field(default_factory=list, repr=False, compare=False)
+    values: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def inputs(self) -> dict[str, Any]:
         """Graph inputs (``image``, ``text``) for this sample, absent ones left out."""
+        if self.values is not None:
+            return dict(self.values)
         out: dict[str, Any] = {}
         if self.image is not None:
             out["image"] = self.image
@@ -84,6 +91,11 @@ class Sample:
 
     def json_inputs(self) -> dict[str, Any]:
         """``/v1/infer`` JSON inputs: the image base64-encoded PNG, the text as is."""
+        if self.values is not None:
+            raise UsageError(
+                f"sample {self.name!r} holds {', '.join(self.values)}: only image and text samples are sent over "
+                "HTTP; fix: benchmark the graph file in process (usg bench GRAPH --inputs DIR)"
+            )
         out: dict[str, Any] = {}
         if self.image is not None:
             out["image"] = {"b64": base64.b64encode(self.png()).decode("ascii")}
@@ -92,8 +104,16 @@ class Sample:
         return out
 
 
-def default_samples() -> list[Sample]:
-    """Four rendered documents (3-4 lines each) paired with four query texts."""
+def default_samples(graph: Graph | None = None) -> list[Sample]:
+    """Four rendered documents (3-4 lines each) paired with four query texts (``graph``: refused,
+    naming the fix, when it takes other inputs)."""
+    if not takes_documents(graph):
+        assert graph is not None
+        raise UsageError(
+            f"graph {graph.name!r} takes {', '.join(sorted(graph.inputs))}, not the built-in document and text "
+            "samples; fix: pass --inputs DIR with a file per input named after it (x.npy; usg init writes them "
+            "into NAME_samples/), or STEM.INPUT files / .jsonl lines for several requests"
+        )
     from usg.testing.documents import Line, render_document
 
     out = []
@@ -110,12 +130,25 @@ def _read_image(path: Path) -> np.ndarray:
         return np.asarray(img.convert("RGB"), dtype=np.uint8)
 
 
-def load_samples(path: str | Path) -> list[Sample]:
+def takes_documents(graph: Graph | None) -> bool:
+    """Whether ``graph`` takes the document samples (inputs among ``image`` and ``text``); None: assume so."""
+    return graph is None or set(graph.inputs) <= {"image", "text"}
+
+
+def load_samples(path: str | Path, graph: Graph | None = None) -> list[Sample]:
     """Samples from a file or a folder: each image is one sample; ``.txt`` files give texts
-    (one per non-empty line) that are paired with the images in turn (or sent alone)."""
+    (one per non-empty line) that are paired with the images in turn (or sent alone).
+    A ``graph`` with other inputs (tensors, audio, ...) reads the folder as ``usg profile`` does:
+    files named after an input (``x.npy``, ``mask.npy``: what ``usg init`` writes) form one request,
+    ``STEM.INPUT.npy`` files one request per stem, ``.jsonl`` lines one request each."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"--inputs {path}: no such file or folder; fix: pass images/texts or leave it out")
+    if not takes_documents(graph):
+        assert graph is not None
+        from usg.monitor.profile import collect_requests
+
+        return [Sample(r.name, values=r.raw) for r in collect_requests(graph, p)]
     files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
     images = [f for f in files if f.suffix.lower() in _IMAGE_SUFFIXES]
     texts: list[str] = []

@@ -206,6 +206,10 @@ def batch_pool(model: ModelDef, items: Sequence[Mapping[str, Any]]) -> list[Mapp
     return [it for it, k in zip(items, keys, strict=True) if k == common]
 
 
+#: a batch whose inputs would take more than this is not profiled (its memory is checked before it is made)
+MAX_BATCH_BYTES = 1 << 30
+
+
 def profile_model(
     model: ModelDef,
     items: Sequence[Mapping[str, Any]],
@@ -225,6 +229,14 @@ def profile_model(
 
     if model.path is None or not items:
         return []
+    item_bytes = max(sum(np.asarray(v).nbytes for v in item.values()) for item in items)
+    too_big = [b for b in batch_sizes if b * item_bytes > MAX_BATCH_BYTES]
+    if too_big and progress is not None:
+        progress(
+            f"{model.name}: batch size(s) {', '.join(map(str, too_big))} skipped: a batch's inputs would take "
+            f"{too_big[0] * item_bytes / 2**30:.1f} GiB or more (the limit is {MAX_BATCH_BYTES // 2**30} GiB)"
+        )
+    batch_sizes = [b for b in batch_sizes if b not in too_big]
     points: list[ProfilePoint] = []
     for t in threads:
         backend = OnnxRuntimeBackend(Path(model.path), {**model.options, "intra_op_threads": t}, name=model.name)

@@ -111,7 +111,7 @@ def bench(
             f"--compare {','.join(unknown)}: unknown baseline; fix: use one or more of {', '.join(BASELINES)}"
         )
     graph = _graph(target, graph_path, untuned, fp32)
-    samples = load_samples(inputs_path) if inputs_path else default_samples()
+    samples = load_samples(inputs_path, graph) if inputs_path else default_samples(graph)
     cfg = BenchConfig(
         target, levels, rate, duration, warmup, systems, samples=samples, rounds=rounds, repeat_rate=repeat_rate
     )
@@ -249,13 +249,20 @@ def tune(
     from rich.table import Table
 
     from usg.bench.samples import default_samples, load_samples
-    from usg.bench.tune import capture_items, choose, items_per_request, profile_model, write_sidecar
+    from usg.bench.tune import (
+        MAX_BATCH_BYTES,
+        capture_items,
+        choose,
+        items_per_request,
+        profile_model,
+        write_sidecar,
+    )
     from usg.graph.sidecar import sidecar_path
 
     graph = load_graph_for_cli(graph_path, tuned=False)  # profile from the graph as written
     sizes = _int_list(batch_sizes, "--batch-sizes")
     threads = _int_list(threads_opt, "--threads") if threads_opt else tuple(range(1, (os.cpu_count() or 1) + 1))
-    samples = load_samples(inputs_path) if inputs_path else default_samples()
+    samples = load_samples(inputs_path, graph) if inputs_path else default_samples(graph)
     wanted = {m.strip() for m in only.split(",") if m.strip()}
     bad = sorted(wanted - set(graph.models))
     if bad:
@@ -281,6 +288,13 @@ def tune(
         if points:
             profiles[name] = points
             choices[name] = choose(points, p95_ms)
+    if not profiles:
+        why = (
+            f"every --batch-sizes value makes a batch whose inputs take over {MAX_BATCH_BYTES // 2**30} GiB"
+            if items
+            else "the graph has no ONNX model whose inputs the sample requests reached"
+        )
+        raise UsageError(f"nothing was profiled: {why}; fix: pass smaller --batch-sizes, or other --inputs/--models")
     out_path = sidecar_path(graph_path)
     doc = None if dry_run else write_sidecar(graph, choices, profiles, per_request, p95_ms, out_path)
     if as_json:

@@ -68,7 +68,7 @@ def quantize(
     parsed = tuple(parse_guard(g) for g in guards)
     names = tuple(n.strip() for n in models.split(",") if n.strip())
     graph = load_graph_for_cli(graph_path, quantized=False)  # tuned batch sizes apply; FP32 models
-    samples = load_samples(inputs_path)
+    samples = load_samples(inputs_path, graph)
     sidecar = quant_sidecar_path(Path(graph_path).resolve())
     target = Path(out_dir) if out_dir else sidecar.with_suffix("")  # GRAPH.quant/
     config = QuantizeConfig(

@@ -160,6 +160,8 @@ def collect_requests(graph: Graph, folder: Path) -> list[ProfileRequest]:
         if dot and tail in graph.inputs:
             stem, explicit = head, tail
         key = str(rel.parent / stem)
+        if explicit is None and stem in graph.inputs:  # x.npy, mask.npy (usg init's samples): one request per folder
+            explicit, key = stem, str(rel.parent / "*")
         name = _input_for(graph, path, explicit, modality)
         req = requests.setdefault(key, ProfileRequest(key))
         if name in req.raw:
