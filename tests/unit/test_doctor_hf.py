@@ -237,3 +237,31 @@ def test_qwen_resize_matches_transformers(size: tuple[int, int]) -> None:
     exec(compile(ast.Module(body=[fn], type_ignores=[]), spec.origin, "exec"), scope)
     smart_resize = scope["smart_resize"]
     assert qwen2_vl_resize(*size, 28, 3136, 12845056) == smart_resize(*size, 28, 3136, 12845056)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "config.json holds a JSON list, not the object save_pretrained writes"),
+        ("[" * 100_000 + "]" * 100_000, "config.json is not valid JSON: it nests deeper than the JSON parser reads"),
+    ],
+)
+def test_a_config_that_is_not_an_object_is_a_finding_not_no_findings(tmp_path: Path, text: str, message: str) -> None:
+    """A list passed with 'no findings'; deep nesting was a DOCTOR001 'check crashed' finding."""
+    d = _copy(tmp_path, "llava-1.5-7b-hf")
+    (d / "config.json").write_text(text)
+    found = list(check_vlm_coupling(d))
+    assert [f.code for f in found] == ["HF007"] and message in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("vision_config__patch_size", -14), ("vision_config__patch_size", 0), ("vision_config__image_size", "336")],
+)
+def test_a_size_that_is_not_a_positive_integer_is_named(tmp_path: Path, field: str, value: Any) -> None:
+    """patch_size -14 gave (336/-14)² = 576 vision features and no finding about it."""
+    d = _copy(tmp_path, "llava-1.5-7b-hf")
+    _edit(d / "config.json", **{field: value})
+    messages = [f.message for f in check_vlm_coupling(d) if f.code == "HF007"]
+    name = field.replace("__", ".")
+    assert any(f"{name} is {value!r}; a size must be a positive integer" in m for m in messages), messages
