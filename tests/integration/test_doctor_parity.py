@@ -214,3 +214,41 @@ def test_fp64_reference_finds_the_node_that_loses_precision() -> None:
     assert div.max_abs_err == pytest.approx(1.5)
     ok = first_divergence_fp64(model, {"x": np.array([1.0, 2.0, -3.0], dtype=np.float32)}, 1e-4, 1e-3)
     assert ok is None
+
+
+def _raising_factory():
+    raise RuntimeError("the checkpoint is not there")
+
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def _double():
+    return _Double(), {"x": torch.randn(1, 4)}
+
+
+def test_a_factory_that_raises_is_the_users_error_with_where_not_a_usg_bug() -> None:
+    with pytest.raises(UsageError, match=r"raised RuntimeError: the checkpoint is not there \(at .*test_doctor_parity"):
+        run_parity(_raising_factory, None, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sizes", "batch=0"], "sizes must be at least 1"),
+        (["--sizes", "batch=-1"], "sizes must be at least 1"),  # was an internal error (negative dimension)
+        (["--atol", "-1"], "is not in the range x>=0"),
+    ],
+)
+def test_sizes_and_tolerances_are_checked_before_anything_runs(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(parity, ["--torch", "m.py:f", *args])
+    text = result.output + str(result.exception or "")
+    assert result.exit_code != 0 and message in text
+
+
+def test_a_size_whose_input_would_pass_a_gibibyte_is_refused_before_it_is_made() -> None:
+    """--sizes batch=100000000 on a [1, 4] input allocated 12.8 GB before comparing."""
+    with pytest.raises(UsageError, match=r"shape \[100000000, 4\] \(torch.float32\) would take 1.5 GiB"):
+        run_parity(_double, None, None, sizes={"batch": [100_000_000]})

@@ -23,6 +23,8 @@ def _parse_sizes(items: tuple[str, ...]) -> dict[str, list[int]]:
             raise UsageError(f"--sizes {item!r}: sizes must be integers; fix: --sizes seq=4,16,33") from exc
         if not eq or not out[sym.strip()]:
             raise UsageError(f"--sizes {item!r} is not 'symbol=n,n,n'; fix: --sizes seq=4,16,33")
+        if any(v < 1 for v in out[sym.strip()]):
+            raise UsageError(f"--sizes {item!r}: sizes must be at least 1; fix: --sizes seq=4,16,33")
     return out
 
 
@@ -36,8 +38,8 @@ def _parse_sizes(items: tuple[str, ...]) -> dict[str, list[int]]:
 )
 @click.option("--exporter", type=click.Choice(["auto", "legacy", "dynamo"]), default="auto", show_default=True)
 @click.option("--opset", type=int, help="Opset to export with (default: the exporter's).")
-@click.option("--atol", type=float, default=1e-4, show_default=True)
-@click.option("--rtol", type=float, default=1e-3, show_default=True)
+@click.option("--atol", type=click.FloatRange(min=0), default=1e-4, show_default=True)
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-3, show_default=True)
 @click.option("--sizes", multiple=True, help="Sizes for one symbol, e.g. --sizes seq=4,16,33 (repeatable).")
 @click.option("--save-onnx", type=click.Path(file_okay=False, path_type=Path), help="Keep the exported file here.")
 @click.option(

@@ -35,7 +35,9 @@ PAR006    shape_or_rank          ONNX Runtime fails at the export shape itself, 
 
 from __future__ import annotations
 
+import math
 import tempfile
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,9 +123,20 @@ def plan_shapes(
     return plan
 
 
+#: a case whose input tensor would take more than this is refused before it is made (PyTorch, ONNX Runtime and
+#: the outputs each hold at least as much again)
+MAX_CASE_BYTES = 1 << 30
+
+
 def _make_input(torch: Any, example: Any, shape: list[int], gen: Any) -> Any:
     if list(example.shape) == shape:
         return example
+    nbytes = math.prod(shape) * example.element_size()
+    if nbytes > MAX_CASE_BYTES:
+        raise UsageError(
+            f"an input of shape {shape} ({example.dtype}) would take {nbytes / 2**30:.1f} GiB, past the "
+            f"{MAX_CASE_BYTES // 2**30} GiB a parity case may allocate; fix: pass smaller --sizes"
+        )
     if example.dtype == torch.bool:
         return torch.rand(shape, generator=gen) > 0.5
     if not example.is_floating_point():
@@ -293,7 +306,14 @@ def _run(
 def _load_subject(torch: Any, torch_spec: str | Any) -> _Subject:
     factory = load_factory(torch_spec) if isinstance(torch_spec, str) else torch_spec
     source = torch_spec if isinstance(torch_spec, str) else getattr(factory, "__name__", "<factory>")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as exc:  # the user's code failed: say where, not "a bug in usg"
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise UsageError(
+            f"factory {source!r} raised {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno}); "
+            "fix: make the factory return (model, example_inputs) when called with no arguments"
+        ) from None
     if not (isinstance(made, tuple) and len(made) == 2):
         raise UsageError(f"factory {source!r} must return (model, example_inputs), got {type(made).__name__}")
     model, example = made
