@@ -121,17 +121,29 @@ def _read_json(root: Path, name: str, findings: list[Finding]) -> dict[str, Any]
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        why = "it nests deeper than the JSON parser reads" if isinstance(exc, RecursionError) else str(exc)
         findings.append(
             finding(
                 "HF007",
-                f"{name} is not valid JSON: {exc}",
+                f"{name} is not valid JSON: {why}",
                 Location(str(path)),
                 f"fix or regenerate {name} (save_pretrained)",
             )
         )
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        findings.append(
+            finding(
+                "HF007",
+                f"{name} holds a JSON {type(data).__name__}, not the object save_pretrained writes: nothing in it can "
+                "be checked",
+                Location(str(path)),
+                f"fix or regenerate {name} (save_pretrained)",
+            )
+        )
+        return {}
+    return data
 
 
 def _crop(pre: dict[str, Any]) -> int | None:
@@ -251,16 +263,24 @@ class _Tower:
         )
 
 
+def _positive(value: Any, where: str) -> int:
+    """A size from a config (image_size, patch_size): a positive integer, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 1:
+        raise ValueError(f"{where} is {value!r}; a size must be a positive integer")
+    return int(value)
+
+
 def _tower(c: _Ctx) -> _Tower:
     v = c.vision()
-    image = int(v["image_size"])
+    image = _positive(v["image_size"], "vision_config.image_size")
+    patch_p = c.processor_value("patch_size")
     return _Tower(
         image=image,
-        patch=int(v["patch_size"]),
+        patch=_positive(v["patch_size"], "vision_config.patch_size"),
         cls=has_cls(v.get("model_type")),
         strat_m=c.config.get("vision_feature_select_strategy", "default"),
         strat_p=c.processor_value("vision_feature_select_strategy"),
-        patch_p=c.processor_value("patch_size"),
+        patch_p=None if patch_p is None else _positive(patch_p, "the processor's patch_size"),
         add_p=int(c.processor_value("num_additional_image_tokens") or 0),
         crop=_crop(c.pre) or image,
         model_type=v.get("model_type"),
