@@ -113,3 +113,19 @@ def chunk_level(
 def level_db(level: float, seen: int) -> dict[str, Any]:
     """Runs on a worker thread (not an op declared inline)."""
     return {"db": round(20 * float(np.log10(level)), 6), "seen": seen}
+
+
+def wrong_port(text: str) -> dict[str, Any]:
+    return {"nope": text}
+
+
+def an_object(text: str) -> dict[str, Any]:
+    return {"text": object()}
+
+
+def exits(text: str) -> dict[str, Any]:
+    raise SystemExit(3)
+
+
+def interrupts(inputs: Any) -> dict[str, Any]:
+    raise KeyboardInterrupt

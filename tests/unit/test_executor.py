@@ -349,3 +349,40 @@ def test_options_call_timeout_ms_fails_a_hanging_call_naming_the_graph_key():
             assert ex.infer_sync({"x": np.ones((1, 2), np.float32)}).outputs["y"].tolist() == [[2.0, 2.0]]
     finally:
         release.set()
+
+
+def _one_node(fn: str, model: bool = False):
+    b = GraphBuilder("g").input("text", "text")
+    if model:
+        b.model("m", "python", options={"callable": fn})
+        b.node("n", model="m", inputs={"x": "inputs.text"})
+        b.output("y", "n.y")
+    else:
+        b.node("n", fn=fn, inputs={"text": "inputs.text"})
+        b.output("y", "n.text")
+    return b.build()
+
+
+def test_a_node_that_ran_without_the_port_an_output_reads_is_an_error_not_an_absent_output():
+    """{"nope": ...} from a node whose 'text' the graph's output reads: the answer came back without it."""
+    with Executor(_one_node("testops:wrong_port")) as ex, pytest.raises(BackendError) as info:
+        ex.infer_sync({"text": "x"})
+    assert "node 'n' returned no output 'text' (it returned ['nope']), which graph output 'y' reads" in str(info.value)
+
+
+def test_an_output_json_cannot_carry_is_named_when_the_answer_is_written():
+    with Executor(_one_node("testops:an_object")) as ex:
+        result = ex.infer_sync({"text": "x"})
+    with pytest.raises(BackendError, match=r"output 'y' is a object, which JSON cannot carry; fix:"):
+        result.to_json_dict()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("fn", "model"), [("testops:exits", False), ("testops:interrupts", True)])
+def test_sys_exit_in_a_node_is_that_requests_error_and_the_executor_goes_on(fn: str, model: bool):
+    """SystemExit / KeyboardInterrupt raised in a node's code stopped the executor's loop: the request,
+    and every later one, waited forever (usg run hung)."""
+    with Executor(_one_node(fn, model)) as ex:
+        for _ in range(2):
+            with pytest.raises(BackendError, match=r"raised (SystemExit: 3|KeyboardInterrupt)"):
+                ex.infer_sync({"text": "x"})

@@ -79,7 +79,7 @@ def call_backend(backend: Backend, model: str, batch: Mapping[str, Any]) -> dict
         return backend.infer(batch)
     except USGError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in a model: the batch's error
         raise BackendError(f"model {model!r} raised {type(exc).__name__}: {exc}") from exc
 
 

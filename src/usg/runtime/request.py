@@ -62,7 +62,8 @@ class Request:
         return up is None or up.get(ref.port) is None
 
     def graph_outputs(self, graph: Graph) -> dict[str, Any]:
-        """The graph's outputs that have a value (absent ones are left out, not errors)."""
+        """The graph's outputs that have a value: absent ones (a pruned branch, a None value) are left
+        out, but a node that ran and did not return the port an output reads is an error."""
         result: dict[str, Any] = {}
         for oname, ref in graph.outputs.items():
             if ref.is_graph_input:
@@ -70,7 +71,14 @@ class Request:
                     result[oname] = self.values[ref.port]
                 continue
             up = self.outputs.get(ref.source)
-            if up is not None and ref.port in up and up[ref.port] is not None:
+            if up is None:
+                continue
+            if ref.port not in up:
+                raise BackendError(
+                    f"node {ref.source!r} returned no output {ref.port!r} (it returned {sorted(map(str, up))}), "
+                    f"which graph output {oname!r} reads; fix: return {ref.port!r} from it (None for no value)"
+                )
+            if up[ref.port] is not None:
                 result[oname] = up[ref.port]
         return result
 
@@ -100,7 +108,7 @@ def call_fn(
         out = func(**kwargs, **opts)
     except USGError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() in a node: its error, not the server's end
         raise BackendError(f"node {node.name!r} (fn {node.fn}) raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(out, dict):
         raise BackendError(
