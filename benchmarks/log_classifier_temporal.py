@@ -39,6 +39,7 @@ BATCHES = (
     ("690e14a", "e52bb84"),  # batch 13 (session 18, 22 entries)
     ("7943f79", "333d9b1"),  # batch 14 (session 19, 22 entries; studied in session 20)
     ("411be82", "2e50fea"),  # batch 15 (session 20, 25 entries; studied in session 21)
+    ("042c375", "dcba1cc"),  # batch 16 (session 21, 27 entries; studied in session 22)
 )
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--thresholds", default=str(DEFAULT_CALIBRATION.threshold), help="comma-separated")
     parser.add_argument("--details", action="store_true", help="list every entry not classified correctly")
-    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-15)")
+    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-16)")
     parser.add_argument("--per-batch", action="store_true", help="also print each batch's counts (first threshold)")
     args = parser.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]

@@ -101,7 +101,14 @@ def test_the_markers_screened_agree_with_their_regexes() -> None:
     for text in TEXTS:
         head = text.splitlines()[0] if text else ""
         folded = fold(head)
-        for pattern in (classify._NOT_ERROR, classify._ERRORISH, classify._WARNISH, classify._PROBLEMISH):
+        for pattern in (
+            classify._NOT_ERROR,
+            classify._ERRORISH,
+            classify._WARNISH,
+            classify._PROBLEMISH,
+            classify._EXCEPTION_NAMED,
+            classify._FATAL_SIGNAL,
+        ):
             assert screen(pattern, head, folded) == (pattern.search(head) is not None), (pattern.pattern[:30], head)
 
 

@@ -8,9 +8,10 @@ How a log is read:
 2. Every other line is matched against the rules of :mod:`usg.doctor.logs.rules`; a rule may read
    the next few lines for values (ONNX Runtime writes ``index: 0 Got: 32 Expected: 1`` below).
 3. A line no rule matches but that looks like an error (``ERROR``, ``[E]``, glog ``E0412``,
-   ``…Error:``/``Exception:``, ``failed``, ONNX Runtime's ``onnxruntime_pybind11_state.Fail``) becomes
-   ``LOG000`` — unclassified, never forced into
-   a class.
+   ``…Error:``/``Exception:``, ``failed``, ONNX Runtime's ``onnxruntime_pybind11_state.Fail`` and
+   ``[E:onnxruntime…]``, an exception class named anywhere on the line, a C++ exception nobody caught, a
+   fatal signal) becomes ``LOG000`` — unclassified, never forced into a class. A traceback the paste cuts
+   off before its exception line leaves the line that announced it.
 4. Such a line then goes to the learned layer, fitted on the labelled corpus of real user reports
    (:mod:`usg.doctor.logs.similar`, :mod:`usg.doctor.logs.model`): a linear model over its error
    vocabulary, spelling, engine and values gives a class and a calibrated confidence; above the
@@ -19,9 +20,9 @@ How a log is read:
 5. The same code with the same values seen again is merged into one finding with a count.
 6. :func:`root_error` picks the first root error of a long log (the first classified error that is
    not a generic cascade line such as "failed to load all models"); it is marked ``root_error``.
-   A cascade line no rule knows is never given a class by the learned layer: it states a
-   consequence, so guessing its class would only stand in for the cause it follows. Nor is a
-   generic Python exception (``KeyError: 'x'``, ``AttributeError: ... has no attribute ...``)
+   A cascade line no rule knows (or a fatal signal: how a process died, not why) is never given a class by
+   the learned layer: it states a consequence, so guessing its class would only stand in for the cause it
+   follows. Nor is a generic Python exception (``KeyError: 'x'``, ``AttributeError: ... has no attribute ...``)
    whose message carries no cause vocabulary: it says where the code broke, not why.
 """
 
@@ -108,6 +109,24 @@ _ERRORISH = re.compile(
 )
 # glog's error records ("E1206 04:25:00.1 ..."): no literal to pre-check, so apart from _ERRORISH
 _GLOG_ERROR = re.compile(r"\bE\d{4} ", re.IGNORECASE)
+# errors no level marker flags, in any engine's words: an exception class named anywhere on the line ("...
+# [ShapeInferenceError] ...", "an instance of 'nvinfer1::MyelinError'", "OnnxRuntimeException"; case-sensitive, so
+# "on_error" or "max_error" are not names), a C++ exception thrown with its text (DirectML's `Exception "The
+# parameter is incorrect."`), a C++ exception nobody caught ("terminate called after throwing an instance of
+# 'std::runtime_error'" and its "what():" line), ONNX Runtime's own error/fatal records ("[E:onnxruntime:,
+# inference_session.cc:1587 ...]"), "fails with"/"Fail to", and a process a fatal signal ended ("Shard process was
+# signaled to shutdown with signal 11", "Worker ... was terminated due to signal 9", "Segmentation fault"): a normal
+# stop (SIGTERM, SIGINT, signal 15/2) is not one
+_EXCEPTION_NAMED = re.compile(
+    r"(?<![\w-])[A-Z][A-Za-z0-9]{0,60}(?:Error|Exception)\b(?![-=])|\bunknown exception\b|\bException [\"'(]|"
+    r"terminate called after throwing|^\s*what\(\):|\[[EF]:onnxruntime\b|"
+    r"\b[Ff]ails (?:with|on|to|because|when|at|for)\b|\b[Ff]ail to\b"
+)
+_FATAL_SIGNAL = re.compile(
+    r"\bsignal:? (?:4|6|7|8|9|11)\b|\bSIG(?:SEGV|ABRT|ILL|BUS|FPE|KILL)\b|\bSegmentation fault\b|"
+    r"\bIllegal instruction\b|\bBus error\b|\bFloating point exception\b",
+    re.IGNORECASE,
+)
 _NOT_ERROR = re.compile(r"\b(0 errors?|no errors?|without errors?|error_count=0|errors?: 0)\b", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _WARNISH = re.compile(r"\[W\]|\b[A-Z]\w*Warning\b")  # engine warnings: TracerWarning, UserWarning, [TRT] [W]
@@ -163,6 +182,7 @@ class _Lines:
 
 def _events(lines: _Lines) -> Iterable[_Event]:
     i = 0
+    announced: _Event | None = None  # the line announcing a traceback: the error if the traceback is cut off
     while lines.has(i):
         lines.release(i)
         line = lines[i]
@@ -187,13 +207,19 @@ def _events(lines: _Lines) -> Iterable[_Event]:
                 ):
                     k += 1
                 yield _Event(j + 1, strip(lines[j]), "\n".join(strip(lines[x]) for x in range(j, k)), True)
+                announced = None
                 i = k
                 continue
+            if announced is not None:  # the paste ends inside the traceback: what announced it is all there is
+                yield announced
+                announced = None
             i = j
             continue
+        announced = None
         if (
             lines.has(i + 1) and _TRACEBACK.search(lines[i + 1]) and not _any_rule(line)
         ):  # "ERROR ... inference failed" announcing the traceback below: the traceback says what failed
+            announced = _Event(i + 1, line, line, False)
             i += 1
             continue
         k = i + 1  # the message may go on below (values, wrapped text), up to the next log record
@@ -274,11 +300,27 @@ def _classify(ev: _Event, source: str, index: CaseIndex | None) -> Finding | Non
     folded = fold(head)
     if not head.strip() or screen(_NOT_ERROR, head, folded):
         return None
-    if ev.in_traceback or screen(_ERRORISH, head, folded) or _GLOG_ERROR.search(head):
+    if (
+        ev.in_traceback
+        or screen(_ERRORISH, head, folded)
+        or _GLOG_ERROR.search(head)
+        or (  # an engine warning that names an exception ("... will raise a ValueError") stays a warning
+            (screen(_EXCEPTION_NAMED, head, folded) or screen(_FATAL_SIGNAL, head, folded))
+            and not screen(_WARNISH, head, folded)
+        )
+    ):
         return _unmatched(ev, head, window, source, index)
     if index is not None and (screen(_WARNISH, head, folded) or screen(_PROBLEMISH, head, folded)):
         return _learned_only(ev, head, window, source, index)
     return None
+
+
+def _is_cascade(line: str) -> bool:
+    """A line that states a consequence: a generic cascade ("failed to load all models"), or how a process
+    died (a fatal signal: "signaled to shutdown with signal 11", "Segmentation fault"), which says nothing of
+    why (a segfault may be a kernel, a driver or an unsupported model; SIGILL, which a rule reads, is the
+    exception)."""
+    return _CASCADE.search(line) is not None or _FATAL_SIGNAL.search(line) is not None
 
 
 def _learned_only(ev: _Event, head: str, window: str, source: str, index: CaseIndex) -> Finding | None:
@@ -296,7 +338,7 @@ def _unmatched(ev: _Event, head: str, window: str, source: str, index: CaseIndex
     """An error line no rule knows: the learned layer's class if known cases are close, else LOG000."""
     ev_head: dict[str, Any] = {"line_text": head.strip()[:400]}
     hint = "" if index is not None else " (pip install 'usg[doctor]' to match it against known real-world cases)"
-    if index is not None and _CASCADE.search(head):  # "failed to load all models": a consequence, no cause to guess
+    if index is not None and _is_cascade(head):  # "failed to load all models": a consequence, no cause to guess
         ev_head["cascade"] = True
     elif index is not None and _GENERIC_EXCEPTION.search(head) and not any(vocab_vector(window)):
         ev_head["generic_exception"] = True  # "KeyError: 'x'": where the code broke, not why
@@ -362,7 +404,7 @@ def root_error(findings: Iterable[Finding]) -> Finding | None:
     unknown = None  # an earlier error statement neither a rule nor the known cases could classify
     for f in errors:
         text = str(f.evidence.get("line_text", ""))
-        cascade = f.code in ("LOG000", LEARNED.code) and _CASCADE.search(text)
+        cascade = f.code in ("LOG000", LEARNED.code) and _is_cascade(text)
         if f.root_cause is not RootCause.UNCLASSIFIED and not cascade:
             if f.code == LEARNED.code and recognised is not None:
                 return recognised  # a guess about what followed it does not name its cause either
