@@ -40,6 +40,7 @@ BATCHES = (
     ("7943f79", "333d9b1"),  # batch 14 (session 19, 22 entries; studied in session 20)
     ("411be82", "2e50fea"),  # batch 15 (session 20, 25 entries; studied in session 21)
     ("042c375", "dcba1cc"),  # batch 16 (session 21, 27 entries; studied in session 22)
+    ("255a8a3", "f0442a6"),  # batch 17 (session 22, 29 entries; measured in session 22, its misses listed)
 )
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--thresholds", default=str(DEFAULT_CALIBRATION.threshold), help="comma-separated")
     parser.add_argument("--details", action="store_true", help="list every entry not classified correctly")
-    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-16)")
+    parser.add_argument("--last", type=int, default=len(BATCHES) + 1, help="the newest batch measured (2-17)")
     parser.add_argument("--per-batch", action="store_true", help="also print each batch's counts (first threshold)")
     args = parser.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]
