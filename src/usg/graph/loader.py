@@ -18,6 +18,7 @@ from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy,
 from usg.graph.state import parse_state
 from usg.paths import PathResolutionError, resolve_path
 from usg.specs import AudioSpec, Modality, TensorSpec
+from usg.yaml_bounded import YAMLLimitError, load_bounded, read_bounded_text
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
@@ -61,22 +62,34 @@ class _Collector:
 
 
 def read_graph_file(path: Path) -> dict[str, Any]:
-    """Load the YAML mapping; malformed YAML becomes a GraphError with line and column."""
+    """Load the YAML mapping; malformed YAML becomes a GraphError with line and column.
+
+    Read within :mod:`usg.yaml_bounded`'s bounds: a file past its size, an alias bomb, deep
+    nesting, a repeated key or a huge integer is a problem with its fix, never a hang.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded_text(path)
     except FileNotFoundError:
         raise GraphError([GraphProblem(str(path), "graph file does not exist", "check the path you passed")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise GraphError(
             [GraphProblem(str(path), f"cannot read graph file: {exc}", "pass a UTF-8 YAML file")]
         ) from None
+    except ValueError as exc:
+        raise GraphError(
+            [GraphProblem(str(path), f"graph {exc}", "pass the graph's YAML file (a few KiB), not a data file")]
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_bounded(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        if isinstance(exc, YAMLLimitError):
+            problem = GraphProblem(where, str(exc.problem), exc.fix)
+        else:
+            problem = GraphProblem(where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line")
         raise GraphError(
-            [GraphProblem(where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line")],
+            [problem],
             source=str(path),
         ) from None
     except yaml.YAMLError as exc:

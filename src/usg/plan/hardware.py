@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from usg.errors import InputError, UsageError
+from usg.yaml_bounded import load_bounded
 
 __all__ = ["GPU_PROFILES", "GPUProfile", "get_gpu", "load_gpu_profiles", "parse_gpu_spec"]
 
@@ -143,7 +144,7 @@ def load_gpu_profiles(path: str | Path) -> dict[str, GPUProfile]:
         raise UsageError(f"GPU profile file {str(p)!r} does not exist; fix: pass an existing .yaml or .json file")
     try:
         text = p.read_text(encoding="utf-8")
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix.lower() == ".json" else load_bounded(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"{p}: cannot parse GPU profiles ({exc}); fix: write valid YAML/JSON") from None
     if isinstance(data, dict) and "profiles" in data:
