@@ -230,3 +230,51 @@ def test_limits_are_parsed_with_defaults_and_round_trip(tmp_path):
     assert (g.limits.max_fanout_items, g.limits.max_text_chars) == (64, 20_000)
     assert g.limits.declared() == {"max_fanout_items": 64}
     assert load_graph(graph_file(tmp_path)).limits.declared() == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        # before: OverflowError / ValueError from int(inf) / int(nan), shown as "internal error"
+        ({"batch": ", max_queue: .inf"}, r"batch\.max_queue: max_queue is inf\n.*fix: use a finite, non-negative int"),
+        ({"batch": ", max_tokens: .nan"}, r"batch\.max_tokens: max_tokens is nan\n.*finite"),
+        # before: accepted; a batch waited forever for company, a nan cap compared false with everything
+        ({"batch": ", max_delay_ms: .inf"}, r"batch\.max_delay_ms: max_delay_ms is inf\n.*finite, non-negative float"),
+        ({"batch": ", max_pad_waste: .nan"}, r"batch\.max_pad_waste: max_pad_waste is nan"),
+        ({"batch": ", pad: {axes: [1], multiple: 8, value: .nan}"}, r"pad\.value: pad value nan is not a number"),
+        ({"extra": "limits: {max_aspect_ratio: .nan}"}, r"limits\.max_aspect_ratio: max_aspect_ratio is nan"),
+    ],
+)
+def test_non_finite_numbers_are_graph_errors_naming_field_value_and_fix(tmp_path, kwargs, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph_file(tmp_path, **kwargs))
+
+
+@pytest.mark.parametrize(
+    ("field", "match"),
+    [
+        ("batch: {max_size: .inf}", r"models\.tok\.batch\.max_size: max_size is inf"),
+        ("batch: {max_size: .nan}", r"models\.tok\.batch\.max_size: max_size is nan"),
+    ],
+)
+def test_a_non_finite_max_size_is_a_graph_error(tmp_path, field, match):
+    text = TOKENIZER_GRAPH.replace("batch: {max_size: 4%(batch)s}", field)
+    p = write(tmp_path, text % {"options": "", "path": "tok.json", "extra": ""})
+    (tmp_path / "tok.json").write_text("{}")
+    with pytest.raises(GraphError, match=match):
+        load_graph(p)
+
+
+@pytest.mark.parametrize(
+    ("audio", "match"),
+    [
+        ("sample_rate: .inf", r"inputs\.a\.sample_rate: sample_rate is inf\n.*fix: write a positive int, e\.g\. 16000"),
+        ("max_seconds: .nan", r"inputs\.a\.max_seconds: max_seconds is nan"),
+        ("max_seconds: .inf", r"inputs\.a\.max_seconds: max_seconds is inf"),
+    ],
+)
+def test_non_finite_audio_fields_are_graph_errors(tmp_path, audio, match):
+    text = "inputs: {a: {modality: audio, AUDIO}}\n" + "nodes:\n  u: {fn: 'testops:identity', inputs: {x: inputs.a}}\n"
+    text = text.replace("AUDIO", audio) + "outputs: {y: u.y}\n"
+    with pytest.raises(GraphError, match=match):
+        load_graph(write(tmp_path, text))

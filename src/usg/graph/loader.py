@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +157,7 @@ def _pad_values(c: _Collector, where: str, raw: Any) -> dict[str, float]:
     items = raw.items() if isinstance(raw, dict) else [("*", raw)]
     out: dict[str, float] = {}
     for k, v in items:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
             out[str(k)] = float(v)
         else:
             c.add(where, f"pad value {v!r} is not a number", "write value: NUMBER or value: {INPUT: NUMBER}")
@@ -209,8 +210,8 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
         value = data.get(key, default)
         if value is None:
             return None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            c.add(f"{where}.{key}", f"{key} is {value!r}", f"use a non-negative {kind.__name__}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            c.add(f"{where}.{key}", f"{key} is {value!r}", f"use a finite, non-negative {kind.__name__}")
             return default
         return kind(value)
 
@@ -313,7 +314,8 @@ def _audio(c: _Collector, where: str, idata: Mapping[str, Any]) -> AudioSpec:
     values: dict[str, Any] = {}
     for key, kind in (("sample_rate", int), ("channels", int), ("max_seconds", float)):
         raw = idata.get(key, getattr(base, key))
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0 or (kind is int and raw != int(raw)):
+        bad = isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw <= 0
+        if bad or (kind is int and raw != int(raw)):
             c.add(f"{where}.{key}", f"{key} is {raw!r}", f"write a positive {kind.__name__}, e.g. {getattr(base, key)}")
             raw = getattr(base, key)
         values[key] = kind(raw)
