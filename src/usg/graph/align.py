@@ -16,6 +16,7 @@ streams; every stream is required, so a request without one of them prunes the n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,8 +66,10 @@ class AlignSpec:
 
 def _number(problems: list[GraphProblem], where: str, data: Mapping[str, Any], key: str, default: float) -> float:
     value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        problems.append(GraphProblem(f"{where}.{key}", f"{key} is {value!r}", "use a non-negative number of ms"))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        problems.append(
+            GraphProblem(f"{where}.{key}", f"{key} is {value!r}", "use a finite, non-negative number of ms")
+        )
         return default
     return float(value)
 

@@ -18,6 +18,7 @@ Unlisted models get a deployment of one replica; unlisted Python nodes run insid
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,11 +113,18 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool |
         if key not in data:
             continue
         value = data[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= minimum
+        )
         if kind is int and ok and int(value) != value:
             ok = False
         if not ok:
-            problems.append(GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a {kind.__name__} ≥ {minimum}"))
+            problems.append(
+                GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a finite {kind.__name__} ≥ {minimum}")
+            )
             continue
         values[key] = kind(value)
     if "own_deployment" in data:
