@@ -278,3 +278,27 @@ def test_non_finite_audio_fields_are_graph_errors(tmp_path, audio, match):
     text = text.replace("AUDIO", audio) + "outputs: {y: u.y}\n"
     with pytest.raises(GraphError, match=match):
         load_graph(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        # before: ModuleNotFoundError / ImportError out of importlib, shown as "internal error"
+        (
+            "pkg://usg_no_such_pkg.sub/m.onnx",
+            r"models\.file\.path: package 'usg_no_such_pkg\.sub' named by .* cannot be found \(No module named",
+        ),
+        ("pkg://../m.onnx", r"models\.file\.path: package '\.\.' named by 'pkg://\.\./m\.onnx' cannot be found"),
+    ],
+)
+def test_a_pkg_path_to_a_package_that_cannot_be_imported_is_a_graph_error(tmp_path, path, match):
+    with pytest.raises(GraphError, match=match) as exc:
+        load_graph(graph_file(tmp_path, path=path))
+    assert "fix: write pkg://PACKAGE/relative/path" in str(exc.value)
+
+
+def test_a_model_path_through_a_symlink_loop_is_a_graph_error(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(GraphError, match=r"models\.file\.path: path 'a/m\.onnx' cannot be resolved: .*\n.*symbolic"):
+        load_graph(graph_file(tmp_path, path="a/m.onnx"))
