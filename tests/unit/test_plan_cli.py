@@ -138,3 +138,30 @@ def test_vlm_whose_images_fill_the_context_says_so_and_suggests_valid_knobs() ->
     assert "DOES NOT FIT (not memory: the 2 image(s) of a prompt fill the 32768-token context)" in text
     assert "--images-per-prompt: 2 → 1" in text and "--image-size: 3584x3584 → 3556x3556" in text
     assert "33024" not in text
+
+
+LLAMA_FIELDS = (
+    '"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000, '
+    '"intermediate_size": 11008, "max_position_embeddings": 4096'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # before: ValueError / OverflowError / RecursionError shown as "internal error"
+        ("{" + LLAMA_FIELDS + ', "hidden_size": NaN}', "field 'hidden_size' must be an integer (got nan)"),
+        ("{" + LLAMA_FIELDS + ', "hidden_size": Infinity}', "field 'hidden_size' must be an integer (got inf)"),
+        ("{" + LLAMA_FIELDS + ', "hidden_size": ' + "9" * 5000 + "}", "(an integer of 5000 digits)"),
+        ("[" * 100_000 + "]" * 100_000, "cannot read as JSON (nested too deeply)"),
+    ],
+)
+def test_a_hostile_config_json_exits_1_with_the_field(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", str(config), "--gpu", "L4"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and message in err and "internal error" not in err, err
