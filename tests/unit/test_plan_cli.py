@@ -165,3 +165,25 @@ def test_a_hostile_config_json_exits_1_with_the_field(
         main(["plan", str(config), "--gpu", "L4"])
     err = capsys.readouterr().err
     assert exc.value.code == 1 and message in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # before: int(nan * GiB) / int(inf * GiB) raised ValueError / OverflowError, shown as "internal error"
+        ("g.yaml", "name: X\nmemory_gb: .nan\n", "field 'memory_gb' must be a finite, positive number (got nan)"),
+        ("g.yaml", "name: X\nmemory_gb: .inf\n", "field 'memory_gb' must be a finite, positive number (got inf)"),
+        ("g.json", '{"name": "X", "memory_gb": NaN}', "field 'memory_gb' must be a finite, positive number (got nan)"),
+        # before: RecursionError out of json
+        ("g.json", "[" * 100_000 + "]" * 100_000, "cannot parse GPU profiles (nested too deeply)"),
+    ],
+)
+def test_a_hostile_gpu_file_exits_1_with_the_field(
+    tmp_path: Path, name: str, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpus = tmp_path / name
+    gpus.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", LLAMA3, "--gpu-file", str(gpus), "--gpu", "X"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and message in err and "internal error" not in err, err
