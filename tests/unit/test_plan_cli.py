@@ -131,6 +131,34 @@ def test_plot_into_missing_directory(tmp_path: Path) -> None:
         reraise(r)
 
 
+@pytest.mark.parametrize(
+    ("name", "error", "match"),
+    [
+        # before: matplotlib's ValueError as "internal error"
+        ("p.txt", UsageError, r"--plot '.*p\.txt': '\.txt' is not a plot format; fix: end the name in one of \.png"),
+        # before: exit 0 and "plot written to .../p" while the file was .../p.png
+        ("p", UsageError, r"a file name without an extension is not a plot format"),
+        # before: exit 0 and "plot written to DIR" while the file was DIR.png, beside it
+        (".", UsageError, r"is a directory; fix: name a file in it, e\.g\. .*plan\.png"),
+    ],
+)
+def test_plot_to_a_path_it_cannot_write_as_asked(tmp_path: Path, name: str, error: type, match: str) -> None:
+    pytest.importorskip("matplotlib")
+    r = run(LLAMA3, "--gpu", "L4", "--plot", str(tmp_path / name))
+    with pytest.raises(error, match=match):
+        reraise(r)
+    assert list(tmp_path.iterdir()) == [] and not tmp_path.with_suffix(".png").exists()
+
+
+def test_plot_into_an_unwritable_place_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:  # before: NotADirectoryError as "internal error"
+        main(["plan", LLAMA3, "--gpu", "L4", "--plot", str(tmp_path / "file" / "p.png")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "cannot write it (Not a directory); fix: pass a path in a writable directory" in err
+
+
 def test_vlm_whose_images_fill_the_context_says_so_and_suggests_valid_knobs() -> None:
     r = run(str(RES / "qwen2-vl-2b-instruct.json"), "--gpu", "A10G", "--images-per-prompt", "2")
     assert r.exit_code == 0, r.output
