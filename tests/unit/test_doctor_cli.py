@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,17 @@ def test_detects_each_target_kind(tmp_path: Path) -> None:
     other.write_text("hi")
     with pytest.raises(UsageError, match="cannot tell what"):
         detect_targets(other)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_path_that_is_neither_file_nor_directory_is_a_usage_error(tmp_path: Path, kind: str) -> None:
+    # before: NotADirectoryError out of iterdir(), shown as "internal error"
+    path = Path("/dev/null")
+    if kind == "fifo":
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+    with pytest.raises(UsageError, match=r"is neither a regular file nor a directory \(a device, pipe or socket\)"):
+        detect_targets(path)
 
 
 def test_parse_targets() -> None:

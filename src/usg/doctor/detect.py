@@ -76,6 +76,12 @@ def detect_targets(path: Path) -> list[Target]:
             f"cannot tell what {str(path)!r} is; fix: pass an .onnx file, a config.pbtxt, "
             "a Triton model directory or repository, a USG graph .yaml, or a Hugging Face model directory"
         )
+    if not path.is_dir():
+        raise UsageError(
+            f"{str(path)!r} is neither a regular file nor a directory (a device, pipe or socket); "
+            "fix: pass an .onnx file, a config.pbtxt, a Triton model directory or repository, a USG graph .yaml, "
+            "or a Hugging Face model directory"
+        )
     if _is_triton_model_dir(path):
         return _expand_model_dir(path)
     if (path / "config.json").is_file():
