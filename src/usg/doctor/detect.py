@@ -38,7 +38,8 @@ class Target:
 def _is_graph_yaml(path: Path) -> bool:
     # Cheap sniff: a graph file has a top-level ``nodes:`` or ``models:`` key.
     try:
-        head = path.read_text(encoding="utf-8", errors="replace")[:65536]
+        with path.open("rb") as fh:  # the head only: a multi-GB .yaml is not read whole to sniff it
+            head = fh.read(65536).decode("utf-8", errors="replace")
     except OSError:
         return False
     return any(line.startswith(f"{key}:") for line in head.splitlines() for key in _GRAPH_KEYS)
