@@ -15,6 +15,7 @@ from rich.table import Table
 from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_for_cli, out_console
 from usg.errors import InputError, PayloadTooLarge, UsageError
 from usg.graph import Graph
+from usg.npy import load_npy
 from usg.runtime import Executor, InferResult
 from usg.runtime.events import ExecutionEvent, NodeFinished, TokenDelta
 from usg.runtime.inputs import DEFAULT_MAX_TEXT_CHARS, ITEM_KEYS, graph_limit
@@ -61,7 +62,7 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
             out[name] = Path(value)
         else:
             try:
-                out[name] = np.load(Path(value), allow_pickle=False)
+                out[name] = load_npy(Path(value))
             except (OSError, ValueError) as exc:
                 raise InputError(
                     f"{name}: {value!r} is not a .npy array ({exc})",
