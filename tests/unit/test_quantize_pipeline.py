@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -227,3 +228,24 @@ def test_quantizing_leaves_the_process_logging_as_it_was(tmp_path: Path, level: 
         assert root.level == level
     finally:
         root.setLevel(before)
+
+
+def test_output_paths_it_cannot_write_fail_before_the_work(tiny: Path, tmp_path: Path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "t.txt").write_text("\n".join(s.text or "" for s in SAMPLES))
+    (tmp_path / "file").write_text("")
+    argv = ["quantize", str(tiny), "--inputs", str(inputs), "--method", "dynamic", "--no-measure"]
+    cases = [
+        # before: FileNotFoundError / NotADirectoryError as "internal error", after calibration
+        (["--out", str(tmp_path / "file" / "q")], 2, "--out '.*file/q': cannot write quantized models there"),
+        # before: the whole quantization, then "internal error: FileNotFoundError"
+        (["--html", str(tmp_path / "nodir" / "r.html")], 2, "--html '.*nodir/r.html': folder '.*nodir' does not exist"),
+        (["--html", str(tmp_path / "file" / "r.html")], 2, "folder '.*file' does not exist"),
+    ]
+    for extra, code, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, *extra])
+        err = capsys.readouterr().err.replace("\n", " ")
+        assert exc.value.code == code and re.search(message, err) and "calibrating" not in err, (extra, err)
+    assert not quant_sidecar_path(tiny).exists()
