@@ -172,14 +172,19 @@ def _quantize(src: Path, dst: Path, settings: QuantSettings, items: Sequence[Map
     exclude = list(settings.exclude_nodes) or None
     weight_type = q.QuantType.QInt8 if settings.weight_type == "int8" else q.QuantType.QUInt8
     if settings.method == "dynamic":
-        q.quantize_dynamic(
-            src,
-            dst,
-            weight_type=weight_type,
-            per_channel=settings.per_channel,
-            nodes_to_exclude=exclude,
-            op_types_to_quantize=_quantizable_op_types(settings, static=False),
-        )
+        folded = _constants_as_initializers(src, dst)
+        try:
+            q.quantize_dynamic(
+                folded or src,
+                dst,
+                weight_type=weight_type,
+                per_channel=settings.per_channel,
+                nodes_to_exclude=exclude,
+                op_types_to_quantize=_quantizable_op_types(settings, static=False),
+            )
+        finally:
+            if folded is not None:
+                folded.unlink(missing_ok=True)
     elif settings.method == "static":
         if not items:
             raise UsageError(
@@ -209,6 +214,35 @@ def _quantize(src: Path, dst: Path, settings: QuantSettings, items: Sequence[Map
     else:
         _quantize_int4(src, dst, settings)
     return dst
+
+
+def _constants_as_initializers(src: Path, dst: Path) -> Path | None:
+    """A copy of ``src`` (beside ``dst``) whose ``Constant`` tensors are initializers, or None if it has none.
+
+    ORT's dynamic quantizer reads a Conv/MatMul weight only from an initializer and raises
+    "Expected W to be an initializer" when the weight is a ``Constant`` node's output, as in the
+    PP-OCR models exported by paddle2onnx (every Conv weight of ch_PP-OCRv4_det). The same values
+    as initializers: the same model to every runtime.
+    """
+    import onnx
+
+    model = onnx.load(str(src))
+    constants = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"
+    ]
+    if not constants:
+        return None
+    for node in constants:
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(node.attribute[0].t)
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+        model.graph.node.remove(node)
+    out = dst.with_name(dst.stem + ".initializers.onnx")
+    onnx.save(model, str(out))
+    return out
 
 
 def _quantize_int4(src: Path, dst: Path, settings: QuantSettings) -> None:
