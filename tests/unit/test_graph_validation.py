@@ -302,3 +302,19 @@ def test_a_model_path_through_a_symlink_loop_is_a_graph_error(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(GraphError, match=r"models\.file\.path: path 'a/m\.onnx' cannot be resolved: .*\n.*symbolic"):
         load_graph(graph_file(tmp_path, path="a/m.onnx"))
+
+
+def test_a_model_path_that_is_a_directory_or_a_device_says_so(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tok.json").write_text("{}")
+    # before: "model file .../models does not exist" for a folder that exists
+    with pytest.raises(
+        GraphError,
+        match=r"models\.file\.path: model path .*models is a directory, not a model file "
+        r"\(model files in it: tok\.json\)\n.*fix: point path at the model file inside it",
+    ):
+        load_graph(graph_file(tmp_path, path="models"))
+    with pytest.raises(GraphError, match=r"model path /dev/null is not a regular file \(a device, pipe or socket\)"):
+        load_graph(graph_file(tmp_path, path="/dev/null"))
+    with pytest.raises(GraphError, match=r"model file .*nope\.json does not exist\n.*fix: check the path"):
+        load_graph(graph_file(tmp_path, path="nope.json"))
