@@ -318,3 +318,26 @@ def test_a_model_path_that_is_a_directory_or_a_device_says_so(tmp_path):
         load_graph(graph_file(tmp_path, path="/dev/null"))
     with pytest.raises(GraphError, match=r"model file .*nope\.json does not exist\n.*fix: check the path"):
         load_graph(graph_file(tmp_path, path="nope.json"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        # before: the list of keys only, no hint at the one meant
+        (
+            {"batch": ", max_sise: 8"},
+            r"batch\.max_sise: unknown key 'max_sise'\n.*fix: did you mean 'max_size'\? remove",
+        ),
+        ({"extra": "limts: {}"}, r"graph\.limts: unknown key 'limts'\n.*fix: did you mean 'limits'\?"),
+        ({"extra": "deploy: {routr: {}}"}, r"deploy\.routr: unknown key 'routr'\n.*fix: did you mean 'router'\?"),
+        ({"extra": "deploy: {router: {num_replica: 2}}"}, r"did you mean 'num_replicas'\?"),
+    ],
+)
+def test_a_misspelled_key_gets_the_close_match(tmp_path, kwargs, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph_file(tmp_path, **kwargs))
+
+
+def test_a_key_close_to_nothing_gets_the_list_only(tmp_path):
+    with pytest.raises(GraphError, match=r"graph\.zzzz: unknown key 'zzzz'\n.*fix: remove it, or use one of: cache,"):
+        load_graph(graph_file(tmp_path, extra="zzzz: 1"))

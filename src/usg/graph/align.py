@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.keys import unknown_key
 
 __all__ = ["ALIGN_FN", "ALIGN_KEYS", "RESERVED_STREAMS", "AlignSpec", "parse_align"]
 
@@ -82,7 +83,7 @@ def parse_align(where: str, data: Any) -> tuple[AlignSpec | None, dict[str, str]
         return None, {}, [GraphProblem(where, f"align is {data!r}, not a mapping", fix)]
     for key in data:
         if key not in ALIGN_KEYS:
-            problems.append(GraphProblem(f"{where}.{key}", f"unknown key {key!r}", f"use one of: {sorted(ALIGN_KEYS)}"))
+            problems.append(unknown_key(where, key, ALIGN_KEYS))
     streams = data.get("streams")
     if not isinstance(streams, dict) or len(streams) < 2:
         problems.append(GraphProblem(f"{where}.streams", f"streams is {streams!r}: two or more are needed", fix))

@@ -14,6 +14,7 @@ import yaml
 from usg.errors import GraphError, GraphProblem
 from usg.graph.align import ALIGN_FN, parse_align
 from usg.graph.cache import CacheSpec, parse_cache, resolve_node_cache
+from usg.graph.keys import unknown_key
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.graph.state import parse_state
@@ -55,11 +56,7 @@ class _Collector:
     def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
         for key in data:
             if key not in allowed:
-                self.add(
-                    f"{where}.{key}",
-                    f"unknown key {key!r}",
-                    f"remove it, or use one of: {', '.join(sorted(allowed))}",
-                )
+                self.problems.append(unknown_key(where, key, allowed))
 
 
 def read_graph_file(path: Path) -> dict[str, Any]:
