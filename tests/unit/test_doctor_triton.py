@@ -156,6 +156,14 @@ def test_no_version_folder(tmp_path: Path) -> None:
     assert f.evidence["versions_present"] == []
 
 
+def test_a_folder_named_with_a_non_ascii_digit_is_not_a_version(tmp_path: Path) -> None:
+    # "²".isdigit() is True but int("²") raises: before, usg doctor ended in "internal error: ValueError"
+    model = write_model(tmp_path, "det", GOOD)
+    (model / "²").mkdir()
+    f = only(run_doctor([tmp_path]).findings, "TRITON009")
+    assert f.evidence["versions_present"] == []
+
+
 def test_unknown_platform(tmp_path: Path) -> None:
     f = only(triton_findings(det(tmp_path, GOOD.replace("onnxruntime_onnx", "onnx_runtime"))), "TRITON010")
     assert f.evidence["platform"] == "onnx_runtime" and "onnxruntime_onnx" in f.evidence["known"]

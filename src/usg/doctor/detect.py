@@ -54,7 +54,8 @@ def _triton_model_dirs(path: Path) -> list[Path]:
 
 
 def _expand_model_dir(path: Path) -> list[Target]:
-    versions = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    numbered = (p for p in path.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())  # not '²'
+    versions = sorted(numbered, key=lambda p: int(p.name))
     onnx_files = [f for v in versions for f in sorted(v.glob("*.onnx")) if f.is_file()]
     return [Target("triton_model", path)] + [Target("onnx", f) for f in onnx_files]
 
