@@ -250,3 +250,31 @@ def test_run_text_from_a_file_that_is_not_utf8_or_too_large_exits_1(tmp_path, ca
     for path, message in cases:
         code, out, err = run_cli(["run", str(graph), "-i", f"text=@{path}"], capsys)
         assert code == EXIT_FAILED and re.search(message, out + err), (code, out, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # before: ValueError / OverflowError as "internal error" after "serving graph ..." was printed
+        ["serve", "GRAPH", "--port", "0", "--timeout", "nan"],
+        ["serve", "GRAPH", "--port", "0", "--timeout", "inf"],
+        ["serve", "GRAPH", "--port", "0", "--max-body-mb", "inf"],
+        ["serve", "GRAPH", "--port", "0", "--keepalive-timeout", "nan"],
+        # before: accepted; a nan deadline failed every request at once ("did not finish within nan s")
+        ["run", "GRAPH", "-i", "text=a", "--timeout", "nan"],
+        ["bench", "GRAPH", "--rate", "nan"],
+        ["doctor", "parity", "--atol", "nan", "--torch", "m:f", "--onnx", "m.onnx"],
+    ],
+)
+def test_nan_and_inf_in_float_options_exit_2(args, graph, capsys):
+    if args[0] == "serve":
+        pytest.importorskip("starlette", reason="usg serve needs usg[serve]")
+    code, _, err = run_cli([str(graph) if a == "GRAPH" else a for a in args], capsys)
+    assert code == EXIT_USAGE and "is not a finite number; fix: pass a number" in err, (code, err)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_nan_and_inf_stream_limits_exit_2(value, graph, capsys):
+    pytest.importorskip("starlette", reason="usg serve needs usg[serve]")
+    code, _, err = run_cli(["serve", str(graph), "--port", "0", "--stream-limit", f"max_chunks_per_s={value}"], capsys)
+    assert code == EXIT_USAGE and "max_chunks_per_s must be a finite, positive float" in err, err

@@ -12,7 +12,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_for_cli, out_console
+from usg.cli.common import GRAPH_FILE, FiniteFloatRange, err_console, escape, load_graph_for_cli, out_console
 from usg.errors import InputError, PayloadTooLarge, UsageError
 from usg.graph import Graph
 from usg.npy import load_npy
@@ -229,7 +229,7 @@ def _relevance_line(name: str, value: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=120.0,
     show_default=True,
     help="Request deadline in seconds (> 0).",
