@@ -33,8 +33,9 @@ def _expand_env(text: str) -> str:
             return value
         if default is not None:
             return default
+        state = "is set but empty" if name in os.environ else "is not set"
         raise PathResolutionError(
-            f"environment variable ${{{name}}} is not set",
+            f"environment variable ${{{name}}} {state}",
             f"export {name}=... or write ${{{name}:-default}} in the graph",
         )
 

@@ -341,3 +341,13 @@ def test_a_misspelled_key_gets_the_close_match(tmp_path, kwargs, match):
 def test_a_key_close_to_nothing_gets_the_list_only(tmp_path):
     with pytest.raises(GraphError, match=r"graph\.zzzz: unknown key 'zzzz'\n.*fix: remove it, or use one of: cache,"):
         load_graph(graph_file(tmp_path, extra="zzzz: 1"))
+
+
+def test_an_empty_environment_variable_is_named_as_empty(tmp_path, monkeypatch):
+    monkeypatch.setenv("USG_TEST_EMPTY_DIR", "")
+    monkeypatch.delenv("USG_TEST_UNSET_DIR", raising=False)
+    # before: "is not set" for a variable that is set (to nothing)
+    with pytest.raises(GraphError, match=r"environment variable \$\{USG_TEST_EMPTY_DIR\} is set but empty"):
+        load_graph(graph_file(tmp_path, path='"${USG_TEST_EMPTY_DIR}/tok.json"'))
+    with pytest.raises(GraphError, match=r"environment variable \$\{USG_TEST_UNSET_DIR\} is not set\n.*fix: export"):
+        load_graph(graph_file(tmp_path, path='"${USG_TEST_UNSET_DIR}/tok.json"'))
