@@ -249,3 +249,27 @@ def test_output_paths_it_cannot_write_fail_before_the_work(tiny: Path, tmp_path:
         err = capsys.readouterr().err.replace("\n", " ")
         assert exc.value.code == code and re.search(message, err) and "calibrating" not in err, (extra, err)
     assert not quant_sidecar_path(tiny).exists()
+
+
+def test_a_run_whose_guard_does_not_hold_leaves_an_earlier_runs_files_alone(tiny: Path, tmp_path: Path, monkeypatch):
+    """Models kept after _fix_alone while the combined guard fails (--max-trials ran out): before, their
+    files replaced q/NAME.METHOD.onnx, which the sidecar of an earlier run that held points at."""
+    import usg.quantize.runner as runner
+
+    out = tmp_path / "q"
+    out.mkdir()
+    earlier = out / "mlp.dynamic.onnx"
+    earlier.write_bytes(b"the model an earlier run kept")
+    fix_alone = runner._fix_alone
+
+    def kept_alone(search, o, first):  # as if the model had held alone
+        fix_alone(search, o, first)
+        o.path = o.path or first
+
+    monkeypatch.setattr(runner, "_fix_alone", kept_alone)
+    config = QuantizeConfig(settings=DYNAMIC, guards=(parse_guard("y:max_abs<=0"),), max_trials=1)
+    result = quantize_graph(load_graph(tiny), SAMPLES, config, out)
+    assert not result.holds
+    assert earlier.read_bytes() == b"the model an earlier run kept"
+    assert result.outcomes["mlp"].path == out / "mlp.dynamic.unguarded.onnx"
+    assert sorted(p.name for p in out.iterdir()) == ["mlp.dynamic.onnx", "mlp.dynamic.unguarded.onnx"]
