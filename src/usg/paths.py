@@ -33,8 +33,9 @@ def _expand_env(text: str) -> str:
             return value
         if default is not None:
             return default
+        state = "is set but empty" if name in os.environ else "is not set"
         raise PathResolutionError(
-            f"environment variable ${{{name}}} is not set",
+            f"environment variable ${{{name}}} {state}",
             f"export {name}=... or write ${{{name}:-default}} in the graph",
         )
 
@@ -67,15 +68,31 @@ def resolve_path(raw: str, base_dir: Path | None) -> Path:
         package, _, rel = rest.partition("/")
         if not package or not rel:
             raise PathResolutionError(f"{raw!r} is not a package path", "write pkg://PACKAGE/relative/path/in/package")
-        spec = importlib.util.find_spec(package)
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError) as exc:  # a dotted name whose parent is missing, a relative name
+            raise PathResolutionError(
+                f"package {package!r} named by {raw!r} cannot be found ({exc})",
+                "write pkg://PACKAGE/relative/path with an installed package's import name, e.g. pkg://rapidocr_onnxruntime/...",
+            ) from None
         if spec is None or not spec.submodule_search_locations:
             raise PathResolutionError(
                 f"package {package!r} named by {raw!r} is not installed",
                 f"pip install {package.replace('_', '-')}",
             )
         root = Path(next(iter(spec.submodule_search_locations)))
-        return (root / rel).resolve()
+        return _resolved(raw, root / rel)
     path = Path(text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    return path.resolve()
+    return _resolved(raw, path)
+
+
+def _resolved(raw: str, path: Path) -> Path:
+    """``path.resolve()``; a symlink loop on the way is a PathResolutionError, not a RuntimeError."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError for a loop, 3.13 OSError
+        raise PathResolutionError(
+            f"path {raw!r} cannot be resolved: {exc}", "fix the symbolic links on the way (one points back to itself)"
+        ) from None

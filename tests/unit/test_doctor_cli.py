@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,32 @@ def test_detects_each_target_kind(tmp_path: Path) -> None:
     other.write_text("hi")
     with pytest.raises(UsageError, match="cannot tell what"):
         detect_targets(other)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_path_that_is_neither_file_nor_directory_is_a_usage_error(tmp_path: Path, kind: str) -> None:
+    # before: NotADirectoryError out of iterdir(), shown as "internal error"
+    path = Path("/dev/null")
+    if kind == "fifo":
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+    with pytest.raises(UsageError, match=r"is neither a regular file nor a directory \(a device, pipe or socket\)"):
+        detect_targets(path)
+
+
+def test_sniffing_a_huge_yaml_reads_its_head_only(tmp_path: Path) -> None:
+    big = tmp_path / "data.yaml"
+    with big.open("wb") as fh:
+        fh.write(b"nodes: {}\n")
+        fh.truncate(64 * 1024 * 1024)  # sparse
+    tracemalloc.start()
+    try:
+        targets = detect_targets(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert targets == [Target("graph", big)]
+    assert peak < 4 * 1024 * 1024, f"peak {peak / 2**20:.0f} MiB to sniff a 64 MiB file"  # before: 128 MiB
 
 
 def test_parse_targets() -> None:

@@ -156,6 +156,14 @@ def test_no_version_folder(tmp_path: Path) -> None:
     assert f.evidence["versions_present"] == []
 
 
+def test_a_folder_named_with_a_non_ascii_digit_is_not_a_version(tmp_path: Path) -> None:
+    # "²".isdigit() is True but int("²") raises: before, usg doctor ended in "internal error: ValueError"
+    model = write_model(tmp_path, "det", GOOD)
+    (model / "²").mkdir()
+    f = only(run_doctor([tmp_path]).findings, "TRITON009")
+    assert f.evidence["versions_present"] == []
+
+
 def test_unknown_platform(tmp_path: Path) -> None:
     f = only(triton_findings(det(tmp_path, GOOD.replace("onnxruntime_onnx", "onnx_runtime"))), "TRITON010")
     assert f.evidence["platform"] == "onnx_runtime" and "onnxruntime_onnx" in f.evidence["known"]
@@ -339,6 +347,48 @@ def test_ensemble_max_batch_size_above_step(tmp_path: Path) -> None:
     step(tmp_path, "b")
     f = only(triton_findings(ensemble(tmp_path, two_steps(), mbs=8)), "TRITON037")
     assert f.evidence["step_max_batch_size"] == 4 and f.evidence["ensemble_max_batch_size"] == 8
+
+
+def _step(model: str, key_in: str, value_in: str, key_out: str, value_out: str) -> str:
+    return (
+        f'{{ model_name: "{model}" model_version: -1 input_map {{ key: "{key_in}" value: "{value_in}" }} '
+        f'output_map {{ key: "{key_out}" value: "{value_out}" }} }}'
+    )
+
+
+def test_an_ensemble_that_is_its_own_step(tmp_path: Path) -> None:
+    # before: no finding at all (Triton refuses it: "circular dependency between ensembles")
+    step(tmp_path, "a")
+    steps = _step("a", "IN", "RAW", "OUT", "MID") + "," + _step("pipe", "RAW", "MID", "RESULT", "RESULT")
+    f = only(triton_findings(ensemble(tmp_path, steps)), "TRITON039")
+    assert f.evidence == {"chain": ["pipe", "pipe"]} and f.location.element == "step[1] pipe"
+    assert "is a step of itself: pipe -> pipe" in f.message and "remove step 1 ('pipe')" in f.fix
+
+
+def test_ensembles_that_are_steps_of_each_other(tmp_path: Path) -> None:
+    inner = """
+name: "inner"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [ STEP ] }
+""".replace("STEP", _step("pipe", "RAW", "RAW", "RESULT", "RESULT"))
+    write_model(tmp_path, "inner", inner, {"1": None})
+    f = only(triton_findings(ensemble(tmp_path, _step("inner", "RAW", "RAW", "RESULT", "RESULT"))), "TRITON039")
+    assert f.evidence == {"chain": ["pipe", "inner", "pipe"]}
+
+
+def test_nested_ensembles_without_a_loop_are_fine(tmp_path: Path) -> None:
+    step(tmp_path, "a")
+    step(tmp_path, "b")
+    inner = ensemble(tmp_path, two_steps())
+    inner.rename(tmp_path / "inner")
+    (tmp_path / "inner" / "config.pbtxt").write_text(
+        (tmp_path / "inner" / "config.pbtxt").read_text().replace('name: "pipe"', 'name: "inner"')
+    )
+    codes = [f.code for f in triton_findings(ensemble(tmp_path, _step("inner", "RAW", "RAW", "RESULT", "RESULT")))]
+    assert "TRITON039" not in codes
 
 
 def full_shape_ensemble(repo: Path, out_dims: str, mbs: int = 0) -> Path:

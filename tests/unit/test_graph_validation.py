@@ -230,3 +230,124 @@ def test_limits_are_parsed_with_defaults_and_round_trip(tmp_path):
     assert (g.limits.max_fanout_items, g.limits.max_text_chars) == (64, 20_000)
     assert g.limits.declared() == {"max_fanout_items": 64}
     assert load_graph(graph_file(tmp_path)).limits.declared() == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        # before: OverflowError / ValueError from int(inf) / int(nan), shown as "internal error"
+        ({"batch": ", max_queue: .inf"}, r"batch\.max_queue: max_queue is inf\n.*fix: use a finite, non-negative int"),
+        ({"batch": ", max_tokens: .nan"}, r"batch\.max_tokens: max_tokens is nan\n.*finite"),
+        # before: accepted; a batch waited forever for company, a nan cap compared false with everything
+        ({"batch": ", max_delay_ms: .inf"}, r"batch\.max_delay_ms: max_delay_ms is inf\n.*finite, non-negative float"),
+        ({"batch": ", max_pad_waste: .nan"}, r"batch\.max_pad_waste: max_pad_waste is nan"),
+        ({"batch": ", pad: {axes: [1], multiple: 8, value: .nan}"}, r"pad\.value: pad value nan is not a number"),
+        ({"extra": "limits: {max_aspect_ratio: .nan}"}, r"limits\.max_aspect_ratio: max_aspect_ratio is nan"),
+    ],
+)
+def test_non_finite_numbers_are_graph_errors_naming_field_value_and_fix(tmp_path, kwargs, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph_file(tmp_path, **kwargs))
+
+
+@pytest.mark.parametrize(
+    ("field", "match"),
+    [
+        ("batch: {max_size: .inf}", r"models\.tok\.batch\.max_size: max_size is inf"),
+        ("batch: {max_size: .nan}", r"models\.tok\.batch\.max_size: max_size is nan"),
+    ],
+)
+def test_a_non_finite_max_size_is_a_graph_error(tmp_path, field, match):
+    text = TOKENIZER_GRAPH.replace("batch: {max_size: 4%(batch)s}", field)
+    p = write(tmp_path, text % {"options": "", "path": "tok.json", "extra": ""})
+    (tmp_path / "tok.json").write_text("{}")
+    with pytest.raises(GraphError, match=match):
+        load_graph(p)
+
+
+@pytest.mark.parametrize(
+    ("audio", "match"),
+    [
+        ("sample_rate: .inf", r"inputs\.a\.sample_rate: sample_rate is inf\n.*fix: write a positive int, e\.g\. 16000"),
+        ("max_seconds: .nan", r"inputs\.a\.max_seconds: max_seconds is nan"),
+        ("max_seconds: .inf", r"inputs\.a\.max_seconds: max_seconds is inf"),
+    ],
+)
+def test_non_finite_audio_fields_are_graph_errors(tmp_path, audio, match):
+    text = "inputs: {a: {modality: audio, AUDIO}}\n" + "nodes:\n  u: {fn: 'testops:identity', inputs: {x: inputs.a}}\n"
+    text = text.replace("AUDIO", audio) + "outputs: {y: u.y}\n"
+    with pytest.raises(GraphError, match=match):
+        load_graph(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        # before: ModuleNotFoundError / ImportError out of importlib, shown as "internal error"
+        (
+            "pkg://usg_no_such_pkg.sub/m.onnx",
+            r"models\.file\.path: package 'usg_no_such_pkg\.sub' named by .* cannot be found \(No module named",
+        ),
+        ("pkg://../m.onnx", r"models\.file\.path: package '\.\.' named by 'pkg://\.\./m\.onnx' cannot be found"),
+    ],
+)
+def test_a_pkg_path_to_a_package_that_cannot_be_imported_is_a_graph_error(tmp_path, path, match):
+    with pytest.raises(GraphError, match=match) as exc:
+        load_graph(graph_file(tmp_path, path=path))
+    assert "fix: write pkg://PACKAGE/relative/path" in str(exc.value)
+
+
+def test_a_model_path_through_a_symlink_loop_is_a_graph_error(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(GraphError, match=r"models\.file\.path: path 'a/m\.onnx' cannot be resolved: .*\n.*symbolic"):
+        load_graph(graph_file(tmp_path, path="a/m.onnx"))
+
+
+def test_a_model_path_that_is_a_directory_or_a_device_says_so(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tok.json").write_text("{}")
+    # before: "model file .../models does not exist" for a folder that exists
+    with pytest.raises(
+        GraphError,
+        match=r"models\.file\.path: model path .*models is a directory, not a model file "
+        r"\(model files in it: tok\.json\)\n.*fix: point path at the model file inside it",
+    ):
+        load_graph(graph_file(tmp_path, path="models"))
+    with pytest.raises(GraphError, match=r"model path /dev/null is not a regular file \(a device, pipe or socket\)"):
+        load_graph(graph_file(tmp_path, path="/dev/null"))
+    with pytest.raises(GraphError, match=r"model file .*nope\.json does not exist\n.*fix: check the path"):
+        load_graph(graph_file(tmp_path, path="nope.json"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        # before: the list of keys only, no hint at the one meant
+        (
+            {"batch": ", max_sise: 8"},
+            r"batch\.max_sise: unknown key 'max_sise'\n.*fix: did you mean 'max_size'\? remove",
+        ),
+        ({"extra": "limts: {}"}, r"graph\.limts: unknown key 'limts'\n.*fix: did you mean 'limits'\?"),
+        ({"extra": "deploy: {routr: {}}"}, r"deploy\.routr: unknown key 'routr'\n.*fix: did you mean 'router'\?"),
+        ({"extra": "deploy: {router: {num_replica: 2}}"}, r"did you mean 'num_replicas'\?"),
+    ],
+)
+def test_a_misspelled_key_gets_the_close_match(tmp_path, kwargs, match):
+    with pytest.raises(GraphError, match=match):
+        load_graph(graph_file(tmp_path, **kwargs))
+
+
+def test_a_key_close_to_nothing_gets_the_list_only(tmp_path):
+    with pytest.raises(GraphError, match=r"graph\.zzzz: unknown key 'zzzz'\n.*fix: remove it, or use one of: cache,"):
+        load_graph(graph_file(tmp_path, extra="zzzz: 1"))
+
+
+def test_an_empty_environment_variable_is_named_as_empty(tmp_path, monkeypatch):
+    monkeypatch.setenv("USG_TEST_EMPTY_DIR", "")
+    monkeypatch.delenv("USG_TEST_UNSET_DIR", raising=False)
+    # before: "is not set" for a variable that is set (to nothing)
+    with pytest.raises(GraphError, match=r"environment variable \$\{USG_TEST_EMPTY_DIR\} is set but empty"):
+        load_graph(graph_file(tmp_path, path='"${USG_TEST_EMPTY_DIR}/tok.json"'))
+    with pytest.raises(GraphError, match=r"environment variable \$\{USG_TEST_UNSET_DIR\} is not set\n.*fix: export"):
+        load_graph(graph_file(tmp_path, path='"${USG_TEST_UNSET_DIR}/tok.json"'))

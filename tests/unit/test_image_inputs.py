@@ -1,7 +1,11 @@
+import contextlib
 import io
+import os
 import struct
+import threading
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +35,43 @@ def test_missing_file_and_directory(tmp_path):
         decode_image(tmp_path / "nope.png")
     with pytest.raises(InputError, match="is a directory"):
         decode_image(tmp_path)
+
+
+def _fifo_fed(tmp_path: Path, data: bytes) -> Path:
+    """A FIFO a thread writes ``data`` into (as a shell pipe feeds /dev/stdin)."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), path.open("wb") as fh:  # the reader may stop at its bound
+            fh.write(data)
+
+    threading.Thread(target=feed, daemon=True).start()
+    return path
+
+
+def test_an_image_piped_through_a_fifo_decodes(tmp_path):
+    buf = io.BytesIO()
+    Image.new("RGB", (5, 4), "white").save(buf, format="PNG")
+    assert decode_image(_fifo_fed(tmp_path, buf.getvalue())).shape == (4, 5, 3)
+
+
+def test_a_stream_that_does_not_end_is_refused_at_the_bound(tmp_path, monkeypatch):
+    # before: read whole (usg run -i image=/dev/zero: "internal error: MemoryError"); the bound is
+    # 256 MiB, lowered here so the stream is small
+    monkeypatch.setattr("usg.ops.files.STREAM_LIMIT_BYTES", 1024 * 1024)
+    path = _fifo_fed(tmp_path, b"\0" * (2 * 1024 * 1024))
+    with pytest.raises(PayloadTooLarge, match=r"image: '.*pipe' is not a regular file and gave more than 1 MiB"):
+        decode_image(path)
+
+
+def test_an_audio_stream_that_does_not_end_is_refused_at_the_bound(tmp_path, monkeypatch):
+    from usg.ops.audio import decode_audio
+
+    monkeypatch.setattr("usg.ops.files.STREAM_LIMIT_BYTES", 1024 * 1024)
+    path = _fifo_fed(tmp_path, b"\0" * (2 * 1024 * 1024))
+    with pytest.raises(PayloadTooLarge, match=r"audio: '.*pipe' is not a regular file and gave more than 1 MiB"):
+        decode_audio(path)
 
 
 def test_zero_byte_and_corrupt_bytes(tmp_path):

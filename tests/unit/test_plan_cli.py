@@ -131,6 +131,34 @@ def test_plot_into_missing_directory(tmp_path: Path) -> None:
         reraise(r)
 
 
+@pytest.mark.parametrize(
+    ("name", "error", "match"),
+    [
+        # before: matplotlib's ValueError as "internal error"
+        ("p.txt", UsageError, r"--plot '.*p\.txt': '\.txt' is not a plot format; fix: end the name in one of \.png"),
+        # before: exit 0 and "plot written to .../p" while the file was .../p.png
+        ("p", UsageError, r"a file name without an extension is not a plot format"),
+        # before: exit 0 and "plot written to DIR" while the file was DIR.png, beside it
+        (".", UsageError, r"is a directory; fix: name a file in it, e\.g\. .*plan\.png"),
+    ],
+)
+def test_plot_to_a_path_it_cannot_write_as_asked(tmp_path: Path, name: str, error: type, match: str) -> None:
+    pytest.importorskip("matplotlib")
+    r = run(LLAMA3, "--gpu", "L4", "--plot", str(tmp_path / name))
+    with pytest.raises(error, match=match):
+        reraise(r)
+    assert list(tmp_path.iterdir()) == [] and not tmp_path.with_suffix(".png").exists()
+
+
+def test_plot_into_an_unwritable_place_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exc:  # before: NotADirectoryError as "internal error"
+        main(["plan", LLAMA3, "--gpu", "L4", "--plot", str(tmp_path / "file" / "p.png")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "cannot write it (Not a directory); fix: pass a path in a writable directory" in err
+
+
 def test_vlm_whose_images_fill_the_context_says_so_and_suggests_valid_knobs() -> None:
     r = run(str(RES / "qwen2-vl-2b-instruct.json"), "--gpu", "A10G", "--images-per-prompt", "2")
     assert r.exit_code == 0, r.output
@@ -138,3 +166,52 @@ def test_vlm_whose_images_fill_the_context_says_so_and_suggests_valid_knobs() ->
     assert "DOES NOT FIT (not memory: the 2 image(s) of a prompt fill the 32768-token context)" in text
     assert "--images-per-prompt: 2 → 1" in text and "--image-size: 3584x3584 → 3556x3556" in text
     assert "33024" not in text
+
+
+LLAMA_FIELDS = (
+    '"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000, '
+    '"intermediate_size": 11008, "max_position_embeddings": 4096'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # before: ValueError / OverflowError / RecursionError shown as "internal error"
+        ("{" + LLAMA_FIELDS + ', "hidden_size": NaN}', "field 'hidden_size' must be an integer (got nan)"),
+        ("{" + LLAMA_FIELDS + ', "hidden_size": Infinity}', "field 'hidden_size' must be an integer (got inf)"),
+        ("{" + LLAMA_FIELDS + ', "hidden_size": ' + "9" * 5000 + "}", "(an integer of 5000 digits)"),
+        ("[" * 100_000 + "]" * 100_000, "cannot read as JSON (nested too deeply)"),
+    ],
+)
+def test_a_hostile_config_json_exits_1_with_the_field(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", str(config), "--gpu", "L4"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and message in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # before: int(nan * GiB) / int(inf * GiB) raised ValueError / OverflowError, shown as "internal error"
+        ("g.yaml", "name: X\nmemory_gb: .nan\n", "field 'memory_gb' must be a finite, positive number (got nan)"),
+        ("g.yaml", "name: X\nmemory_gb: .inf\n", "field 'memory_gb' must be a finite, positive number (got inf)"),
+        ("g.json", '{"name": "X", "memory_gb": NaN}', "field 'memory_gb' must be a finite, positive number (got nan)"),
+        # before: RecursionError out of json
+        ("g.json", "[" * 100_000 + "]" * 100_000, "cannot parse GPU profiles (nested too deeply)"),
+    ],
+)
+def test_a_hostile_gpu_file_exits_1_with_the_field(
+    tmp_path: Path, name: str, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpus = tmp_path / name
+    gpus.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", LLAMA3, "--gpu-file", str(gpus), "--gpu", "X"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and message in err and "internal error" not in err, err

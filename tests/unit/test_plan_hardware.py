@@ -71,7 +71,7 @@ def test_custom_profiles_yaml_and_json(tmp_path: Path) -> None:
 def test_bad_custom_profiles(tmp_path: Path) -> None:
     p = tmp_path / "gpus.yaml"
     p.write_text("name: X\nmemory_gb: -1\nbandwidth_gbps: 10\nbf16_tflops: 1\n")
-    with pytest.raises(InputError, match=r"field 'memory_gb' must be a positive number \(got -1\)"):
+    with pytest.raises(InputError, match=r"field 'memory_gb' must be a finite, positive number \(got -1\)"):
         load_gpu_profiles(p)
     p.write_text("name: X\nmemory_gb: 10\nbf16_tflops: 1\n")
     with pytest.raises(InputError, match=r"field 'bandwidth_gbps' is missing for GPU 'X'"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -227,3 +228,48 @@ def test_quantizing_leaves_the_process_logging_as_it_was(tmp_path: Path, level: 
         assert root.level == level
     finally:
         root.setLevel(before)
+
+
+def test_output_paths_it_cannot_write_fail_before_the_work(tiny: Path, tmp_path: Path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "t.txt").write_text("\n".join(s.text or "" for s in SAMPLES))
+    (tmp_path / "file").write_text("")
+    argv = ["quantize", str(tiny), "--inputs", str(inputs), "--method", "dynamic", "--no-measure"]
+    cases = [
+        # before: FileNotFoundError / NotADirectoryError as "internal error", after calibration
+        (["--out", str(tmp_path / "file" / "q")], 2, "--out '.*file/q': cannot write quantized models there"),
+        # before: the whole quantization, then "internal error: FileNotFoundError"
+        (["--html", str(tmp_path / "nodir" / "r.html")], 2, "--html '.*nodir/r.html': folder '.*nodir' does not exist"),
+        (["--html", str(tmp_path / "file" / "r.html")], 2, "folder '.*file' does not exist"),
+    ]
+    for extra, code, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, *extra])
+        err = capsys.readouterr().err.replace("\n", " ")
+        assert exc.value.code == code and re.search(message, err) and "calibrating" not in err, (extra, err)
+    assert not quant_sidecar_path(tiny).exists()
+
+
+def test_a_run_whose_guard_does_not_hold_leaves_an_earlier_runs_files_alone(tiny: Path, tmp_path: Path, monkeypatch):
+    """Models kept after _fix_alone while the combined guard fails (--max-trials ran out): before, their
+    files replaced q/NAME.METHOD.onnx, which the sidecar of an earlier run that held points at."""
+    import usg.quantize.runner as runner
+
+    out = tmp_path / "q"
+    out.mkdir()
+    earlier = out / "mlp.dynamic.onnx"
+    earlier.write_bytes(b"the model an earlier run kept")
+    fix_alone = runner._fix_alone
+
+    def kept_alone(search, o, first):  # as if the model had held alone
+        fix_alone(search, o, first)
+        o.path = o.path or first
+
+    monkeypatch.setattr(runner, "_fix_alone", kept_alone)
+    config = QuantizeConfig(settings=DYNAMIC, guards=(parse_guard("y:max_abs<=0"),), max_trials=1)
+    result = quantize_graph(load_graph(tiny), SAMPLES, config, out)
+    assert not result.holds
+    assert earlier.read_bytes() == b"the model an earlier run kept"
+    assert result.outcomes["mlp"].path == out / "mlp.dynamic.unguarded.onnx"
+    assert sorted(p.name for p in out.iterdir()) == ["mlp.dynamic.onnx", "mlp.dynamic.unguarded.onnx"]

@@ -126,8 +126,28 @@ def default_samples(graph: Graph | None = None) -> list[Sample]:
 def _read_image(path: Path) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # corrupt, truncated, a header-declared bomb
+        raise UsageError(
+            f"--inputs: {str(path)!r} is not a readable image ({exc}); fix: re-encode it or take it out of the folder"
+        ) from None
+
+
+def _read_texts(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"--inputs: {str(path)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "fix: convert it to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8) or take it out of the folder"
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"--inputs: cannot read {str(path)!r} ({exc.strerror or exc}); fix: pass readable files"
+        ) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def takes_documents(graph: Graph | None) -> bool:
@@ -154,7 +174,7 @@ def load_samples(path: str | Path, graph: Graph | None = None) -> list[Sample]:
     texts: list[str] = []
     for f in files:
         if f.suffix.lower() in _TEXT_SUFFIXES:
-            texts.extend(line.strip() for line in f.read_text(encoding="utf-8").splitlines() if line.strip())
+            texts.extend(_read_texts(f))
     if not images and not texts:
         raise UsageError(
             f"--inputs {path}: found no images ({', '.join(sorted(_IMAGE_SUFFIXES))}) and no .txt files; "

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from usg.bench.breakdown import BreakdownObserver, ModelBreakdown, breakdown_from_metrics
 from usg.bench.samples import Sample
-from usg.errors import MissingDependency
+from usg.errors import BackendError, MissingDependency, UsageError
 from usg.graph.model import Graph
 
 __all__ = ["InProcessTarget", "UrlTarget", "is_url"]
@@ -68,7 +68,13 @@ class UrlTarget:
     breakdown is the difference of ``/metrics`` scraped before and after the measured window."""
 
     def __init__(self, url: str, *, name: str = "usg", timeout_s: float = 120.0) -> None:
-        parts = urlsplit(url.rstrip("/"))
+        try:
+            parts = urlsplit(url.rstrip("/"))
+            parts.port  # noqa: B018 -- raises ValueError for a port outside 0-65535
+        except ValueError as exc:
+            raise UsageError(
+                f"{url!r} is not a usable URL ({exc}); fix: pass the URL `usg serve` printed, e.g. http://127.0.0.1:8000"
+            ) from None
         base_path = parts.path[: -len("/v1/infer")] if parts.path.endswith("/v1/infer") else parts.path
         self.base = urlunsplit((parts.scheme, parts.netloc, base_path, "", ""))
         self.name = name
@@ -85,13 +91,24 @@ class UrlTarget:
             raise MissingDependency("httpx", "serve", "benchmarking a server URL") from None
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
         self._client = httpx.AsyncClient(base_url=self.base, timeout=self.timeout_s, limits=limits)
-        resp = await self._client.get("/metrics")
+        try:
+            resp = await self._client.get("/metrics")
+        except httpx.HTTPError as exc:
+            await self._client.aclose()
+            raise UsageError(
+                f"cannot reach a server at {self.base} ({type(exc).__name__}: {exc}); "
+                "fix: start `usg serve GRAPH` first (it prints its URL), or check the host and port"
+            ) from None
         if resp.status_code >= 400:
             self._before = ""
 
     async def infer(self, sample: Sample) -> dict[str, Any]:
         resp = await self._client.post("/v1/infer", json={"inputs": sample.json_inputs()})
-        resp.raise_for_status()
+        if resp.status_code >= 400:
+            raise BackendError(
+                f"{self.base}/v1/infer answered {resp.status_code}: {resp.text[:300]}; "
+                "fix: the server's message says what it refused (check --graph and --inputs match the served graph)"
+            )
         self._requests += 1
         body = resp.json()
         return dict(body.get("outputs", {}))

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from usg.cli.common import err_console, escape, load_graph_for_cli, out_console
+from usg.cli.common import FiniteFloatRange, err_console, escape, load_graph_for_cli, out_console
 from usg.errors import UsageError
 
 __all__ = ["bench", "tune"]
@@ -34,12 +34,12 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 @click.command()
 @click.argument("target")
 @click.option("--concurrency", "-c", default="1,8,32", show_default=True, help="Closed loop: clients, comma-separated.")
-@click.option("--rate", type=click.FloatRange(min=0.01), help="Open loop: Poisson arrivals per second (instead of -c).")
+@click.option("--rate", type=FiniteFloatRange(min=0.01), help="Open loop: Poisson arrivals per second (instead of -c).")
 @click.option(
-    "--duration", default=10.0, show_default=True, type=click.FloatRange(min=0.5), help="Measured seconds per run."
+    "--duration", default=10.0, show_default=True, type=FiniteFloatRange(min=0.5), help="Measured seconds per run."
 )
 @click.option(
-    "--warmup", default=2.0, show_default=True, type=click.FloatRange(min=0.0), help="Unmeasured seconds first."
+    "--warmup", default=2.0, show_default=True, type=FiniteFloatRange(min=0.0), help="Unmeasured seconds first."
 )
 @click.option(
     "--rounds",
@@ -61,7 +61,7 @@ def _int_list(value: str, option: str) -> tuple[int, ...]:
 )
 @click.option(
     "--repeat-rate",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloatRange(0.0, 1.0),
     default=None,
     help="Send this share of repeated inputs (the rest never seen before) and turn USG's node cache on.",
 )
@@ -220,12 +220,12 @@ def _bound_meter(
     "--p95-ms",
     default=100.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1),
     help="Latency bound for one model batch.",
 )
 @click.option("--batch-sizes", default="1,2,4,6,8,12,16", show_default=True, help="Batch sizes to profile.")
 @click.option("--threads", "threads_opt", default="", help="Intra-op thread counts (default: 1 … CPU count).")
-@click.option("--seconds", default=1.0, show_default=True, type=click.FloatRange(min=0.05), help="Time per config.")
+@click.option("--seconds", default=1.0, show_default=True, type=FiniteFloatRange(min=0.05), help="Time per config.")
 @click.option(
     "--inputs", "inputs_path", help="Sample inputs to capture model items from (default: rendered documents)."
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from usg.graph import Graph
 
 __all__ = [
     "GRAPH_FILE",
+    "FiniteFloatRange",
     "dry_run_summary",
     "err_console",
     "escape",
@@ -48,6 +50,18 @@ err_console = Console(stderr=True, highlight=False)
 
 #: the GRAPH argument of every command: a missing file is a command-line error (exit code 2)
 GRAPH_FILE = click.Path(exists=True, dir_okay=False)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf``: click parses both as floats, and
+    its bounds let them through (nan compares false with every bound, inf passes any minimum),
+    so ``usg serve --timeout nan`` or ``--max-body-mb inf`` failed later as an internal error."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number; fix: pass a number such as 30 (no nan, no inf)", param, ctx)
+        return number
 
 
 def missing_extras(exc: GraphError) -> dict[str, list[str]]:

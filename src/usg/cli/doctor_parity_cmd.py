@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from usg.cli.common import FiniteFloatRange
 from usg.cli.doctor_logs_cmd import exit_code, render_findings
 from usg.errors import UsageError
 
@@ -38,8 +39,8 @@ def _parse_sizes(items: tuple[str, ...]) -> dict[str, list[int]]:
 )
 @click.option("--exporter", type=click.Choice(["auto", "legacy", "dynamo"]), default="auto", show_default=True)
 @click.option("--opset", type=int, help="Opset to export with (default: the exporter's).")
-@click.option("--atol", type=click.FloatRange(min=0), default=1e-4, show_default=True)
-@click.option("--rtol", type=click.FloatRange(min=0), default=1e-3, show_default=True)
+@click.option("--atol", type=FiniteFloatRange(min=0), default=1e-4, show_default=True)
+@click.option("--rtol", type=FiniteFloatRange(min=0), default=1e-3, show_default=True)
 @click.option("--sizes", multiple=True, help="Sizes for one symbol, e.g. --sizes seq=4,16,33 (repeatable).")
 @click.option("--save-onnx", type=click.Path(file_okay=False, path_type=Path), help="Keep the exported file here.")
 @click.option(

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from usg.cli.common import out_console
+from usg.cli.common import FiniteFloatRange, out_console
 
 __all__ = ["drift"]
 
@@ -18,7 +18,7 @@ __all__ = ["drift"]
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
 @click.option(
     "--p-value",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=FiniteFloatRange(0, 1, min_open=True, max_open=True),
     default=None,
     help="Test level per family (default: the reference's, else 0.01).",
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from usg.cli.common import err_console, load_graph_for_cli, out_console
+from usg.errors import InputError, UsageError
 
 __all__ = ["quantize"]
 
@@ -71,6 +72,7 @@ def quantize(
     samples = load_samples(inputs_path, graph)
     sidecar = quant_sidecar_path(Path(graph_path).resolve())
     target = Path(out_dir) if out_dir else sidecar.with_suffix("")  # GRAPH.quant/
+    _check_outputs(target, Path(html_path) if html_path else None)  # before minutes of calibration
     config = QuantizeConfig(
         names, QuantSettings(method, calibration), guards=parsed, holdout=holdout, fallback=fallback,
         max_trials=max_trials,
@@ -94,7 +96,13 @@ def quantize(
         write_quant_sidecar(result, sidecar)
         log(f"wrote {sidecar} (usg run/serve/bench apply it; --fp32 ignores it)")
     if html_path:
-        write_html(result, Path(html_path))
+        try:
+            write_html(result, Path(html_path))
+        except OSError as exc:
+            raise InputError(
+                f"--html {html_path!r}: cannot write the report ({exc.strerror or exc}); "
+                "fix: pass a path in a writable folder"
+            ) from None
         log(f"wrote {html_path}")
     if as_json:
         click.echo(json.dumps(result_json(result), indent=2))
@@ -106,3 +114,22 @@ def quantize(
             "--max-trials, loosen --guard, try --fallback op-types, or leave the models in the table above FP32"
         )
         sys.exit(1)
+
+
+def _check_outputs(target: Path, html: Path | None) -> None:
+    """The folder for the quantized files can be created and written, and the HTML report's folder exists."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / ".usg-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"--out {str(target)!r}: cannot write quantized models there ({exc.strerror or exc}); "
+            "fix: pass --out with a writable folder"
+        ) from None
+    if html is not None and not html.parent.is_dir():
+        raise UsageError(
+            f"--html {str(html)!r}: folder {str(html.parent)!r} does not exist; fix: create it first, or name a file "
+            "in an existing folder"
+        )

@@ -12,12 +12,13 @@ import click
 import numpy as np
 from rich.table import Table
 
-from usg.cli.common import GRAPH_FILE, err_console, escape, load_graph_for_cli, out_console
-from usg.errors import InputError, UsageError
+from usg.cli.common import GRAPH_FILE, FiniteFloatRange, err_console, escape, load_graph_for_cli, out_console
+from usg.errors import InputError, PayloadTooLarge, UsageError
 from usg.graph import Graph
+from usg.npy import load_npy
 from usg.runtime import Executor, InferResult
 from usg.runtime.events import ExecutionEvent, NodeFinished, TokenDelta
-from usg.runtime.inputs import ITEM_KEYS
+from usg.runtime.inputs import DEFAULT_MAX_TEXT_CHARS, ITEM_KEYS, graph_limit
 from usg.specs import Modality
 
 __all__ = ["parse_inputs", "run"]
@@ -51,26 +52,17 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
                 f"fix: pass {name} once (run `usg run` again, or `usg bench --inputs FOLDER` for many)"
             )
         if d.timestamped:
-            out[name] = _stamped_files(name, d.modality, value)
+            out[name] = _stamped_files(name, d.modality, value, graph)
             continue
         if d.modality is not Modality.TEXT and not Path(value).exists():
             raise UsageError(f"--input {name}={value}: file {value!r} does not exist; fix: pass an existing file")
         if d.modality is Modality.TEXT:
-            if value.startswith("@"):
-                try:
-                    value = Path(value[1:]).read_text(encoding="utf-8")
-                except OSError as exc:
-                    raise InputError(
-                        f"{name}: cannot read {value[1:]!r}: {exc.strerror}",
-                        field=name,
-                        fix="pass an existing UTF-8 text file after @",
-                    ) from None
-            out[name] = value
+            out[name] = _text_file(name, value[1:], graph) if value.startswith("@") else value
         elif d.modality in (Modality.IMAGE, Modality.AUDIO):
             out[name] = Path(value)
         else:
             try:
-                out[name] = np.load(Path(value), allow_pickle=False)
+                out[name] = load_npy(Path(value))
             except (OSError, ValueError) as exc:
                 raise InputError(
                     f"{name}: {value!r} is not a .npy array ({exc})",
@@ -80,7 +72,35 @@ def parse_inputs(graph: Graph, pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _stamped_files(name: str, modality: Modality, value: str) -> list[dict[str, Any]]:
+def _text_file(name: str, path: str, graph: Graph) -> str:
+    """``text=@FILE``: the file's UTF-8 text, read no further than ``limits.max_text_chars`` allows
+    (4 bytes a character), so ``@/dev/zero`` or a multi-GB file is refused without filling memory."""
+    limit = int(graph_limit(graph.limits, "max_text_chars", DEFAULT_MAX_TEXT_CHARS))
+    try:
+        with Path(path).open("rb") as fh:
+            data = fh.read(4 * limit + 1)
+    except OSError as exc:
+        raise InputError(
+            f"{name}: cannot read {path!r}: {exc.strerror}", field=name, fix="pass an existing UTF-8 text file after @"
+        ) from None
+    if len(data) > 4 * limit:
+        raise PayloadTooLarge(
+            f"{name}: file {path!r} holds more than {4 * limit} bytes, more than the graph's limit of {limit} "
+            "characters (limits.max_text_chars) can hold",
+            field=name,
+            fix="pass a shorter text (split a long document), or raise limits.max_text_chars in the graph",
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{name}: file {path!r} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
+            field=name,
+            fix="convert it to UTF-8, e.g. iconv -f LATIN1 -t UTF-8 FILE > OUT.txt",
+        ) from None
+
+
+def _stamped_files(name: str, modality: Modality, value: str, graph: Graph) -> list[dict[str, Any]]:
     """``PATH@MS,PATH@MS,...`` → timestamped items ``{image|audio|...: bytes, ts_ms: MS}`` (files read here)."""
     key = ITEM_KEYS[modality]
     items = []
@@ -99,7 +119,7 @@ def _stamped_files(name: str, modality: Modality, value: str) -> list[dict[str, 
             raise UsageError(f"--input {name}=...: file {path!r} does not exist; fix: pass an existing file")
         items.append(
             {
-                key: Path(path).read_bytes() if modality is not Modality.TEXT else Path(path).read_text("utf-8"),
+                key: Path(path).read_bytes() if modality is not Modality.TEXT else _text_file(name, path, graph),
                 "ts_ms": ts,
             }
         )
@@ -225,7 +245,7 @@ def _relevance_line(name: str, value: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=120.0,
     show_default=True,
     help="Request deadline in seconds (> 0).",

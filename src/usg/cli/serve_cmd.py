@@ -13,7 +13,7 @@ from types import FrameType
 
 import click
 
-from usg.cli.common import GRAPH_FILE, err_console, load_graph_for_cli
+from usg.cli.common import GRAPH_FILE, FiniteFloatRange, err_console, load_graph_for_cli
 from usg.errors import MissingDependency, UsageError
 
 __all__ = ["serve"]
@@ -43,21 +43,21 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 @click.option(
     "--max-body-mb",
     default=None,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     help="Largest request body in MiB; larger bodies get 413. [default: the graph's limits.max_body_bytes, else 32]",
 )
 @click.option(
     "--timeout",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     help="Per-request deadline in seconds (504 after it).",
 )
 @click.option(
     "--header-timeout",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="Close a connection whose request headers are not complete by then (slow clients).",
 )
@@ -65,7 +65,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "--body-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="Answer 408 and close when a request body has not fully arrived by then.",
 )
@@ -73,7 +73,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "--send-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="Abort a connection whose client has read nothing of a response or event stream for this long (slow readers).",
 )
@@ -81,7 +81,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
     "--keepalive-timeout",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(min=1),
+    type=FiniteFloatRange(min=1),
     metavar="SECONDS",
     help="Close an idle keep-alive connection after this long.",
 )
@@ -130,7 +130,7 @@ def _ignore_signal(sig: int, frame: FrameType | None) -> None:
 )
 @click.option(
     "--deploy-timeout",
-    type=click.FloatRange(min=1),
+    type=FiniteFloatRange(min=1),
     default=300.0,
     show_default=True,
     metavar="SECONDS",

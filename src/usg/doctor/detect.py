@@ -38,7 +38,8 @@ class Target:
 def _is_graph_yaml(path: Path) -> bool:
     # Cheap sniff: a graph file has a top-level ``nodes:`` or ``models:`` key.
     try:
-        head = path.read_text(encoding="utf-8", errors="replace")[:65536]
+        with path.open("rb") as fh:  # the head only: a multi-GB .yaml is not read whole to sniff it
+            head = fh.read(65536).decode("utf-8", errors="replace")
     except OSError:
         return False
     return any(line.startswith(f"{key}:") for line in head.splitlines() for key in _GRAPH_KEYS)
@@ -53,7 +54,8 @@ def _triton_model_dirs(path: Path) -> list[Path]:
 
 
 def _expand_model_dir(path: Path) -> list[Target]:
-    versions = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    numbered = (p for p in path.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())  # not '²'
+    versions = sorted(numbered, key=lambda p: int(p.name))
     onnx_files = [f for v in versions for f in sorted(v.glob("*.onnx")) if f.is_file()]
     return [Target("triton_model", path)] + [Target("onnx", f) for f in onnx_files]
 
@@ -75,6 +77,12 @@ def detect_targets(path: Path) -> list[Target]:
         raise UsageError(
             f"cannot tell what {str(path)!r} is; fix: pass an .onnx file, a config.pbtxt, "
             "a Triton model directory or repository, a USG graph .yaml, or a Hugging Face model directory"
+        )
+    if not path.is_dir():
+        raise UsageError(
+            f"{str(path)!r} is neither a regular file nor a directory (a device, pipe or socket); "
+            "fix: pass an .onnx file, a config.pbtxt, a Triton model directory or repository, a USG graph .yaml, "
+            "or a Hugging Face model directory"
         )
     if _is_triton_model_dir(path):
         return _expand_model_dir(path)

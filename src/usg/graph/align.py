@@ -16,11 +16,13 @@ streams; every stream is required, so a request without one of them prunes the n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.keys import unknown_key
 
 __all__ = ["ALIGN_FN", "ALIGN_KEYS", "RESERVED_STREAMS", "AlignSpec", "parse_align"]
 
@@ -65,8 +67,10 @@ class AlignSpec:
 
 def _number(problems: list[GraphProblem], where: str, data: Mapping[str, Any], key: str, default: float) -> float:
     value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        problems.append(GraphProblem(f"{where}.{key}", f"{key} is {value!r}", "use a non-negative number of ms"))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        problems.append(
+            GraphProblem(f"{where}.{key}", f"{key} is {value!r}", "use a finite, non-negative number of ms")
+        )
         return default
     return float(value)
 
@@ -79,7 +83,7 @@ def parse_align(where: str, data: Any) -> tuple[AlignSpec | None, dict[str, str]
         return None, {}, [GraphProblem(where, f"align is {data!r}, not a mapping", fix)]
     for key in data:
         if key not in ALIGN_KEYS:
-            problems.append(GraphProblem(f"{where}.{key}", f"unknown key {key!r}", f"use one of: {sorted(ALIGN_KEYS)}"))
+            problems.append(unknown_key(where, key, ALIGN_KEYS))
     streams = data.get("streams")
     if not isinstance(streams, dict) or len(streams) < 2:
         problems.append(GraphProblem(f"{where}.streams", f"streams is {streams!r}: two or more are needed", fix))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -87,7 +88,7 @@ def _value_problem(where: str, key: str, value: Any) -> GraphProblem | None:
     if (
         key == "ttl_s"
         and value is not None
-        and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0)
+        and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0)
     ):
         return GraphProblem(where, f"ttl_s is {value!r}", "use a positive number of seconds, or leave it out")
     if key == "url" and (not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://"))):

@@ -18,11 +18,13 @@ Unlisted models get a deployment of one replica; unlisted Python nodes run insid
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from usg.errors import GraphProblem
+from usg.graph.keys import unknown_key
 
 __all__ = ["DeployPolicy", "DeploySpec", "parse_deploy"]
 
@@ -96,9 +98,7 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool |
     allowed = _POLICY_KEYS if node is not None else _POLICY_KEYS - {"own_deployment"}
     for key in data:
         if key not in allowed:
-            problems.append(
-                GraphProblem(f"{where}.{key}", f"unknown key {key!r}", f"use one of: {', '.join(sorted(allowed))}")
-            )
+            problems.append(unknown_key(where, key, allowed))
     values: dict[str, Any] = {}
     for key, kind, minimum in (
         ("num_replicas", int, 1),
@@ -112,11 +112,18 @@ def _policy(where: str, data: Any, problems: list[GraphProblem], *, node: bool |
         if key not in data:
             continue
         value = data[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= minimum
+        )
         if kind is int and ok and int(value) != value:
             ok = False
         if not ok:
-            problems.append(GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a {kind.__name__} ≥ {minimum}"))
+            problems.append(
+                GraphProblem(f"{where}.{key}", f"{key} is {value!r}", f"use a finite {kind.__name__} ≥ {minimum}")
+            )
             continue
         values[key] = kind(value)
     if "own_deployment" in data:
@@ -193,9 +200,7 @@ def parse_deploy(
         return DeploySpec(), problems
     for key in data:
         if key not in _TOP_KEYS:
-            problems.append(
-                GraphProblem(f"deploy.{key}", f"unknown key {key!r}", f"use one of: {', '.join(sorted(_TOP_KEYS))}")
-            )
+            problems.append(unknown_key("deploy", key, _TOP_KEYS))
     router = _policy("deploy.router", data.get("router") or {}, problems, node=None)
     model_policies = _named("deploy.models", data.get("models"), models, "a model", problems, node=False)
     fn_nodes = {n: d for n, d in nodes.items() if getattr(d, "fn", None) is not None}

@@ -88,7 +88,7 @@ def _check_value(key: str, raw: Any) -> tuple[Any, str | None]:
         parsed = _formats(raw)
         return (None, parsed) if isinstance(parsed, str) else (parsed, None)
     if key == "max_aspect_ratio":
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 1:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw >= 1:  # nan too
             return None, f"{key} is {raw!r}"
         return float(raw), None
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:

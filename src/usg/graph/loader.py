@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +14,13 @@ import yaml
 from usg.errors import GraphError, GraphProblem
 from usg.graph.align import ALIGN_FN, parse_align
 from usg.graph.cache import CacheSpec, parse_cache, resolve_node_cache
+from usg.graph.keys import unknown_key
 from usg.graph.limits import GraphLimits, parse_limits
 from usg.graph.model import BatchPolicy, InputDef, ModelDef, NodeDef, PadPolicy, Ref
 from usg.graph.state import parse_state
 from usg.paths import PathResolutionError, resolve_path
 from usg.specs import AudioSpec, Modality, TensorSpec
+from usg.yaml_bounded import YAMLLimitError, load_bounded, read_bounded_text
 
 __all__ = ["ParsedGraph", "parse_graph", "read_graph_file"]
 
@@ -53,30 +56,38 @@ class _Collector:
     def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
         for key in data:
             if key not in allowed:
-                self.add(
-                    f"{where}.{key}",
-                    f"unknown key {key!r}",
-                    f"remove it, or use one of: {', '.join(sorted(allowed))}",
-                )
+                self.problems.append(unknown_key(where, key, allowed))
 
 
 def read_graph_file(path: Path) -> dict[str, Any]:
-    """Load the YAML mapping; malformed YAML becomes a GraphError with line and column."""
+    """Load the YAML mapping; malformed YAML becomes a GraphError with line and column.
+
+    Read within :mod:`usg.yaml_bounded`'s bounds: a file past its size, an alias bomb, deep
+    nesting, a repeated key or a huge integer is a problem with its fix, never a hang.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded_text(path)
     except FileNotFoundError:
         raise GraphError([GraphProblem(str(path), "graph file does not exist", "check the path you passed")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise GraphError(
             [GraphProblem(str(path), f"cannot read graph file: {exc}", "pass a UTF-8 YAML file")]
         ) from None
+    except ValueError as exc:
+        raise GraphError(
+            [GraphProblem(str(path), f"graph {exc}", "pass the graph's YAML file (a few KiB), not a data file")]
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_bounded(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        if isinstance(exc, YAMLLimitError):
+            problem = GraphProblem(where, str(exc.problem), exc.fix)
+        else:
+            problem = GraphProblem(where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line")
         raise GraphError(
-            [GraphProblem(where, f"malformed YAML: {exc.problem or exc}", "fix the YAML syntax at that line")],
+            [problem],
             source=str(path),
         ) from None
     except yaml.YAMLError as exc:
@@ -143,7 +154,7 @@ def _pad_values(c: _Collector, where: str, raw: Any) -> dict[str, float]:
     items = raw.items() if isinstance(raw, dict) else [("*", raw)]
     out: dict[str, float] = {}
     for k, v in items:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
             out[str(k)] = float(v)
         else:
             c.add(where, f"pad value {v!r} is not a number", "write value: NUMBER or value: {INPUT: NUMBER}")
@@ -196,8 +207,8 @@ def _batch(c: _Collector, where: str, data: Any) -> BatchPolicy:
         value = data.get(key, default)
         if value is None:
             return None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            c.add(f"{where}.{key}", f"{key} is {value!r}", f"use a non-negative {kind.__name__}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            c.add(f"{where}.{key}", f"{key} is {value!r}", f"use a finite, non-negative {kind.__name__}")
             return default
         return kind(value)
 
@@ -300,7 +311,8 @@ def _audio(c: _Collector, where: str, idata: Mapping[str, Any]) -> AudioSpec:
     values: dict[str, Any] = {}
     for key, kind in (("sample_rate", int), ("channels", int), ("max_seconds", float)):
         raw = idata.get(key, getattr(base, key))
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0 or (kind is int and raw != int(raw)):
+        bad = isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw <= 0
+        if bad or (kind is int and raw != int(raw)):
             c.add(f"{where}.{key}", f"{key} is {raw!r}", f"write a positive {kind.__name__}, e.g. {getattr(base, key)}")
             raw = getattr(base, key)
         values[key] = kind(raw)

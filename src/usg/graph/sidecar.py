@@ -41,9 +41,24 @@ def quant_sidecar_path(graph_path: str | Path) -> Path:
 def read_sidecar(path: Path, kind: str = "usg_tune") -> dict[str, Any]:
     import yaml
 
+    from usg.yaml_bounded import load_bounded, read_bounded_text
+
     command = "usg tune" if kind == "usg_tune" else "usg quantize"
     version = SIDECAR_VERSION if kind == "usg_tune" else QUANT_SIDECAR_VERSION
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        doc = load_bounded(read_bounded_text(path)) or {}
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise GraphError(
+            [
+                GraphProblem(
+                    where,
+                    f"cannot read this {command} sidecar: {getattr(exc, 'problem', None) or exc}",
+                    f"delete it and run `{command} GRAPH` again" + ("" if kind == "usg_tune" else " (or pass --fp32)"),
+                )
+            ]
+        ) from None
     if not isinstance(doc, dict) or doc.get(kind) != version:
         raise GraphError(
             [

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from usg.errors import GraphProblem
+from usg.graph.keys import unknown_key
 from usg.specs import TensorSpec
 
 __all__ = ["INITS", "StateSpec", "parse_state", "state_problems"]
@@ -52,11 +53,7 @@ def parse_state(where: str, data: Any) -> tuple[StateSpec | None, list[GraphProb
     fix = "write state: {pairs: {INPUT: OUTPUT}, batch_axis: N, init: zeros}"
     if not isinstance(data, dict):
         return None, [GraphProblem(where, f"state is {data!r}, not a mapping", fix)]
-    problems = [
-        GraphProblem(f"{where}.{k}", f"unknown key {k!r}", f"remove it, or use one of: {', '.join(sorted(_KEYS))}")
-        for k in data
-        if k not in _KEYS
-    ]
+    problems = [unknown_key(where, k, _KEYS) for k in data if k not in _KEYS]
     pairs = data.get("pairs")
     if not isinstance(pairs, dict) or not pairs or not all(isinstance(v, str) for v in pairs.values()):
         problems.append(GraphProblem(f"{where}.pairs", f"pairs is {pairs!r}", fix))

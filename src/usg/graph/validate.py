@@ -142,7 +142,7 @@ class _Validator:
                     if m.export:
                         exporter = m.export.get("exporter", "?")
                         fix = f"run `usg export {exporter} --output {m.path}` (or `usg run` exports it)"
-                    self.add(f"{where}.path", f"model file {m.path} does not exist", fix)
+                    self.add(f"{where}.path", *_not_a_model_file(m.path, fix))
             try:
                 self.model_io[m.name] = describe_model(m)
             except Exception as exc:  # a corrupt ONNX file
@@ -347,3 +347,14 @@ def validate_graph(
         deploy=deploy or DeploySpec(),
         cache=cache,
     )
+
+
+def _not_a_model_file(path: Path, fix: str) -> tuple[str, str]:
+    """What is at a model path that is not a regular file, and the fix ("does not exist" only when nothing is)."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".onnx", ".json"))[:5]
+        hint = f" (model files in it: {', '.join(inside)})" if inside else ""
+        return f"model path {path} is a directory, not a model file{hint}", "point path at the model file inside it"
+    if path.exists():
+        return f"model path {path} is not a regular file (a device, pipe or socket)", "point path at the model file"
+    return f"model file {path} does not exist", fix

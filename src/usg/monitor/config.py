@@ -14,6 +14,7 @@ Read from the raw YAML mapping of the graph file (the graph loader only accepts 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,8 +112,15 @@ class MonitorConfig:
 
 
 def _num(problems: list[GraphProblem], where: str, value: Any, *, positive: bool = True) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
-        problems.append(GraphProblem(where, f"{where.rsplit('.', 1)[-1]} is {value!r}", "use a positive number"))
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (positive and value <= 0)
+    ):
+        problems.append(
+            GraphProblem(where, f"{where.rsplit('.', 1)[-1]} is {value!r}", "use a finite, positive number")
+        )
         return None
     return float(value)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from usg.errors import InputError, MissingDependency, PayloadTooLarge
 from usg.ops.audio_av import AV_FORMATS, decode_av, sniff_container
+from usg.ops.files import read_input_file
 from usg.ops.signature import op
 from usg.specs import AudioSpec, TensorSpec
 
@@ -53,10 +54,10 @@ def decode_audio(value: Any, *, field: str = "audio", spec: AudioSpec | None = N
         return _from_array(value, field, spec, spec.sample_rate, None)
     if isinstance(value, (str, Path)):
         path = Path(value)
-        if not path.is_file():
+        if path.is_dir() or not path.exists():
             what = "is a directory" if path.is_dir() else "does not exist"
             raise InputError(f"{field}: {str(path)!r} {what}", field=field, fix="pass the path of an audio file")
-        data, label = path.read_bytes(), f"file {str(path)!r}"
+        data, label = read_input_file(path, field), f"file {str(path)!r}"  # /dev/stdin works; /dev/zero is bounded
     elif isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
         label = f"{len(data)} bytes"

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from usg.errors import InputError, PayloadTooLarge
+from usg.ops.files import read_input_file
 from usg.ops.signature import op
 from usg.specs import TensorSpec
 
@@ -112,7 +113,7 @@ def _image_bytes(value: Any, field: str) -> tuple[bytes, str]:
             )
         if path.is_dir():
             raise InputError(f"{field}: {str(path)!r} is a directory", field=field, fix="pass an image file")
-        data = path.read_bytes()
+        data = read_input_file(path, field)  # /dev/stdin works; /dev/zero stops at a bound
         label = f"file {str(path)!r}"
     elif isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)

@@ -6,6 +6,7 @@ field (with its JSON path), the value found and the fix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,7 +68,12 @@ class Fields:
 
     def integer(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)  # NaN / Infinity: json accepts them
+            or int(value) != value
+        ):
             raise self.error(key, value, "must be an integer")
         if value < minimum:
             raise self.error(key, value, f"must be >= {minimum}")
@@ -81,8 +87,8 @@ class Fields:
 
     def number(self, key: str, default: Any = _MISSING) -> float:
         value = self.raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(key, value, "must be a positive number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise self.error(key, value, "must be a finite, positive number")
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 from usg.errors import InputError, UsageError
 from usg.plan._fields import Fields
 from usg.plan.vision import VisionShape, parse_vision
+from usg.yaml_bounded import read_bounded_text
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "MLAShape", "MoEShape", "ModelShape", "load_model_config"]
 
@@ -117,6 +118,16 @@ class ModelShape:
         return sum(1 for w in self.layer_windows if w is not None)
 
 
+_MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a published config.json is a few KiB
+
+
+def _config_int(text: str) -> int:
+    """json's parse_int: an integer of more than 100 digits is refused before int() (4300+ is a bare ValueError)."""
+    if len(text) > 100:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
 def load_model_config(source: str | Path | Mapping[str, Any]) -> ModelShape:
     """Read a ``config.json`` (a file, a directory holding one, or the parsed dict)."""
     if isinstance(source, Mapping):
@@ -135,8 +146,12 @@ def load_model_config(source: str | Path | Mapping[str, Any]) -> ModelShape:
             "fix: pass a Hugging Face config.json or the model directory that contains one"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(read_bounded_text(path, _MAX_CONFIG_BYTES), parse_int=_config_int)
+    except RecursionError:
+        raise InputError(
+            f"{path}: cannot read as JSON (nested too deeply); fix: pass the model's config.json"
+        ) from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError, a huge integer or file
         raise InputError(f"{path}: cannot read as JSON ({exc}); fix: pass the model's config.json") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: top level is {type(data).__name__}, not an object; fix: pass a config.json")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 
 from usg.errors import InputError, UsageError
+from usg.yaml_bounded import load_bounded, read_bounded_text
 
 __all__ = ["GPU_PROFILES", "GPUProfile", "get_gpu", "load_gpu_profiles", "parse_gpu_spec"]
 
@@ -142,9 +144,11 @@ def load_gpu_profiles(path: str | Path) -> dict[str, GPUProfile]:
     if not p.is_file():
         raise UsageError(f"GPU profile file {str(p)!r} does not exist; fix: pass an existing .yaml or .json file")
     try:
-        text = p.read_text(encoding="utf-8")
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        text = read_bounded_text(p)
+        data = json.loads(text) if p.suffix.lower() == ".json" else load_bounded(text)
+    except RecursionError:
+        raise InputError(f"{p}: cannot parse GPU profiles (nested too deeply); fix: write valid YAML/JSON") from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError, size
         raise InputError(f"{p}: cannot parse GPU profiles ({exc}); fix: write valid YAML/JSON") from None
     if isinstance(data, dict) and "profiles" in data:
         data = data["profiles"]
@@ -167,9 +171,9 @@ def _profile_from(item: object, where: str) -> GPUProfile:
         for key in keys:
             if key in item:
                 value = item[key]
-                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                     raise InputError(
-                        f"{where}: field {key!r} must be a positive number (got {value!r}); "
+                        f"{where}: field {key!r} must be a finite, positive number (got {value!r}); "
                         f"fix: take it from the {name} datasheet"
                     )
                 return float(value)

@@ -9,10 +9,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from usg.errors import MissingDependency, UsageError
+from usg.errors import InputError, MissingDependency, UsageError
 from usg.plan.planner import Plan, memory_curve
 
-__all__ = ["plot_plan", "print_plan"]
+__all__ = ["PLOT_FORMATS", "plot_plan", "print_plan"]
+
+#: extensions --plot writes (matplotlib picks the format from it; without one it appended .png to the name)
+PLOT_FORMATS = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".eps", ".ps")
 
 _GIB = 1024**3
 
@@ -119,6 +122,13 @@ def plot_plan(p: Plan, path: str | Path) -> Path:
     except ImportError:
         raise MissingDependency("matplotlib", "report", "usg plan --plot") from None
     out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"--plot {str(out)!r} is a directory; fix: name a file in it, e.g. {out / 'plan.png'}")
+    if out.suffix.lower() not in PLOT_FORMATS:
+        raise UsageError(
+            f"--plot {str(out)!r}: {'a file name without an extension' if not out.suffix else repr(out.suffix)} "
+            f"is not a plot format; fix: end the name in one of {', '.join(PLOT_FORMATS)}, e.g. plan.png"
+        )
     if not out.parent.exists():
         raise UsageError(f"--plot {str(out)!r}: directory {str(out.parent)!r} does not exist; fix: create it first")
     curve = memory_curve(p.model, p.gpu, p.target, p.tensor_parallel_size)
@@ -150,5 +160,10 @@ def plot_plan(p: Plan, path: str | Path) -> Path:
     ax.legend(loc="upper left", fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as exc:
+        raise InputError(
+            f"--plot {str(out)!r}: cannot write it ({exc.strerror or exc}); fix: pass a path in a writable directory"
+        ) from None
     return out

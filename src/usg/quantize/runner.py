@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -285,11 +286,16 @@ def quantize_graph(
         finally:
             for b in search.fp32.values():
                 b.close()
+        # a run whose guard does not hold names its files apart: NAME.METHOD.onnx may be what the sidecar
+        # of an earlier run (that held) points at, and usg run/serve would load the replacement silently
+        held = combined is not None and combined.holds
         for o in outcomes.values():
             o.size_mb = {"fp32": round(model_size_mb(o.source), 3)}
             if o.path is not None:
-                final = out_dir / f"{o.name}.{o.settings.method}.onnx"
-                shutil.copyfile(o.path, final)
+                final = out_dir / f"{o.name}.{o.settings.method}{'' if held else '.unguarded'}.onnx"
+                partial = Path(tmp) / f"{final.name}.partial"
+                shutil.copyfile(o.path, partial)
+                os.replace(partial, final)  # whole or not at all (Ctrl-C, a full disk)
                 o.path = final
                 o.size_mb["quantized"] = round(model_size_mb(final), 3)
     return QuantizeResult(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ from starlette.types import Message
 
 from usg.errors import InputError
 from usg.graph import Graph
+from usg.npy import load_npy
 from usg.runtime.inputs import ITEM_KEYS
 from usg.serve.context import ServeContext
 from usg.serve.decode import DEFAULT_FIX, b64_audio, b64_image, expected_digests, load_json, parsing
@@ -115,7 +115,7 @@ def convert_input(graph: Graph, name: str, value: Any, *, item: bool = False) ->
         )
     if isinstance(value, bytes):  # a .npy upload
         try:
-            return np.load(io.BytesIO(value), allow_pickle=False)
+            return load_npy(value)
         except (OSError, ValueError) as exc:
             raise InputError(
                 f"{name}: uploaded file is not a .npy array ({exc})",

@@ -7,6 +7,7 @@ the Python API takes a :class:`SessionLimits`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -63,7 +64,10 @@ class SessionLimits:
                 value = kind(raw)
             except ValueError:
                 value = -1
-            if value <= 0:
-                raise UsageError(f"--stream-limit {pair!r}: {key} must be a positive {kind.__name__}")
+            if not 0 < value < math.inf:  # nan and inf too: float("nan") parses
+                raise UsageError(
+                    f"--stream-limit {pair!r}: {key} must be a finite, positive {kind.__name__}; "
+                    f"fix: e.g. --stream-limit {key}={fields[key].default}"
+                )
             values[key] = value
         return cls(**values)  # type: ignore[arg-type]

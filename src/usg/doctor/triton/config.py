@@ -129,7 +129,7 @@ def _versions(model_dir: Path) -> dict[int, list[str]]:
     except OSError:
         return out
     for p in entries:
-        if p.is_dir() and p.name.isdigit():
+        if p.is_dir() and p.name.isascii() and p.name.isdigit():  # '²' is a digit to isdigit(), not to int()
             try:
                 out[int(p.name)] = sorted(c.name for c in p.iterdir())
             except OSError:

@@ -4,7 +4,7 @@ Step models are read from the ensemble's repository (its parent directory), then
 other repository given on the same command line, as Triton does with several
 ``--model-repository`` flags. A step model absent from all of them is one TRITON031; the
 tensors it would produce count as produced, so no TRITON032 cascade follows.
-Codes: TRITON030-TRITON037.
+Codes: TRITON030-TRITON039.
 """
 
 from __future__ import annotations
@@ -91,6 +91,16 @@ C_UNUSED = CodeInfo(
     "An ensemble input is not read by any step.",
 )
 
+C_NESTED = CodeInfo(
+    "TRITON039",
+    E,
+    RootCause.CONFIG_INVALID,
+    "ensembles depend on each other in a loop",
+    "An ensemble is a step of itself, directly or through other ensembles' steps; Triton refuses "
+    "to load it ('circular dependency between ensembles').",
+)
+_MAX_NESTING = 64  # ensembles inside ensembles followed before giving up
+
 
 @dataclass(frozen=True)
 class _Tensor:
@@ -143,7 +153,9 @@ class _Wiring:
         return f"step[{i}] {name}", self.m.line_of(rf'model_name\s*:\s*"{name}"')
 
 
-@check("triton_model", codes=[C_NO_SCHED, C_UNKNOWN, C_MAP, C_TWICE, C_CYCLE, C_DTYPE, C_SHAPE, C_MBS, C_UNUSED])
+@check(
+    "triton_model", codes=[C_NO_SCHED, C_UNKNOWN, C_MAP, C_TWICE, C_CYCLE, C_DTYPE, C_SHAPE, C_MBS, C_UNUSED, C_NESTED]
+)
 def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
     """Resolve the steps, wire their outputs and inputs, then the ensemble's own outputs, inputs and cycles."""
     if m.config is None or m.config.platform != "ensemble":
@@ -171,6 +183,7 @@ def check_ensemble(m: TritonModel, ctx: CheckContext) -> Iterator[Finding]:
     _check_own_outputs(w)
     _check_unused_inputs(w)
     _check_cycle(w)
+    _check_nesting(w, ctx)
     yield from w.findings
 
 
@@ -394,6 +407,52 @@ def _check_cycle(w: _Wiring) -> None:
                 cycle=names,
             )
         )
+
+
+def _check_nesting(w: _Wiring, ctx: CheckContext) -> None:
+    """TRITON039: a chain of ensemble steps that leads back to this ensemble."""
+    repos = model_repositories(w.m, ctx)
+
+    def ensemble_steps(name: str) -> list[str]:
+        sub_dir = next((r / name for r in repos if (r / name / "config.pbtxt").is_file()), None)
+        sub = load_triton_model(sub_dir, ctx) if sub_dir is not None else None
+        if sub is None or sub.config is None or sub.config.platform != "ensemble":
+            return []
+        return [s.model_name for s in sub.config.ensemble_scheduling.step]
+
+    seen: set[str] = set()
+
+    def visit(chain: list[str]) -> list[str] | None:
+        if len(chain) > _MAX_NESTING:
+            return None
+        steps = [s.model_name for s in w.steps] if len(chain) == 1 else ensemble_steps(chain[-1])
+        for name in steps:
+            if name == w.m.name:
+                return [*chain, name]
+            if name not in seen:
+                seen.add(name)
+                if found := visit([*chain, name]):
+                    return found
+        return None
+
+    loop = visit([w.m.name])
+    if loop is None:
+        return
+    first = loop[1]
+    i = next(i for i, s in enumerate(w.steps) if s.model_name == first)
+    el, line = w.where(i)
+    w.findings.append(
+        tf(
+            C_NESTED,
+            w.m,
+            f"ensemble {w.m.name!r} is a step of itself: {' -> '.join(loop)}",
+            f"remove step {i} ({first!r}) or point it at the model it should run; an ensemble cannot "
+            "contain itself, directly or through other ensembles",
+            element=el,
+            line=line,
+            chain=loop,
+        )
+    )
 
 
 def _agree(m: TritonModel, el: str, line: int | None, tensor: str, prod: _Tensor, cons: _Tensor) -> Iterator[Finding]:
