@@ -130,7 +130,12 @@ def _load_value(path: Path, modality: Modality) -> tuple[Any, dict[str, Any]]:
     if modality is Modality.AUDIO:
         samples, rate = _read_wav(path)
         return samples, {"sample_rate": rate}
-    return np.load(path, allow_pickle=False), {}
+    from usg.npy import load_npy
+
+    try:
+        return load_npy(path), {}
+    except ValueError as exc:  # a header declaring more than the file holds, an object array, not .npy at all
+        raise UsageError(f"{path}: not a readable .npy array ({exc}); fix: save it with numpy.save") from None
 
 
 def collect_requests(graph: Graph, folder: Path) -> list[ProfileRequest]:
