@@ -65,6 +65,20 @@ def test_a_line_longer_than_the_limit_is_refused() -> None:
         decoder.feed(b"x" * (MAX_LINE_BYTES // 2 + 16))
 
 
+def test_an_event_whose_data_lines_never_end_is_refused() -> None:
+    # before: each "data:" line was kept until a blank line ended the event, so an engine that never
+    # sent one grew usg serve by ~330 MB/s (13 GB before the request's 60 s deadline)
+    decoder = SSEDecoder("w")
+    line = b"data: " + b"x" * 1000 + b"\n"
+    for _ in range(MAX_LINE_BYTES // len(line)):
+        decoder.feed(line)
+    with pytest.raises(BackendError, match=f"an event over {MAX_LINE_BYTES} bytes of data") as info:
+        for _ in range(2):
+            decoder.feed(line * 64)
+    assert info.value.status == 502
+    assert SSEDecoder("w").feed(b"data: a\n" * 1000 + b"\n") == ["\n".join(["a"] * 1000)]  # many short lines: one event
+
+
 def test_malformed_and_error_chunks() -> None:
     with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\): '\{nope'"):
         _read([b"data: {nope\n\n"])

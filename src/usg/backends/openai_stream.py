@@ -103,14 +103,16 @@ class CallRecorder:
 class SSEDecoder:
     """Server-Sent Events from a byte stream fed piece by piece: :meth:`feed` returns the ``data``
     of each event it completed (lines joined with newlines), :meth:`end` checks what is left at
-    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`;
-    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a
-    malformed stream (a :class:`BackendError` with HTTP 502)."""
+    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`,
+    and so is the data of one event (its ``data:`` lines, held until a blank line ends it);
+    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a malformed
+    stream (a :class:`BackendError` with HTTP 502)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self._rest = b""
         self._data: list[str] = []
+        self._size = 0  # bytes of the lines in _data
 
     def feed(self, chunk: bytes) -> list[str]:
         buf = self._rest + chunk if self._rest else chunk
@@ -124,10 +126,18 @@ class SSEDecoder:
         for raw in lines:
             if raw.startswith(b"data: ") and not raw.endswith(b"\r"):  # the usual line, quickly
                 self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                self._size += len(raw)
             elif not raw and len(self._data) == 1:  # the usual end of an event
                 out.append(self._data.pop())
+                self._size = 0
             else:
                 self._line(raw, out)
+        if self._size > MAX_LINE_BYTES:  # an event still open (one feed is one read: at most one read over)
+            raise _bad_stream(
+                f"{self.where}: the engine sent an event over {MAX_LINE_BYTES} bytes of data (data: lines "
+                "without the blank line that ends an event), not an SSE stream of chat chunks; "
+                "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
+            )
         return out
 
     def end(self) -> None:
@@ -147,12 +157,14 @@ class SSEDecoder:
             if self._data:
                 out.append("\n".join(self._data))
                 self._data = []
+                self._size = 0
             return
         field, sep, value = line.partition(":")
         if field == "":
             return  # a comment (keep-alive)
         if field == "data":
             self._data.append(value[1:] if value.startswith(" ") else value)
+            self._size += len(raw)
         elif field not in ("event", "id", "retry") or not sep:
             raise _bad_stream(
                 f"{self.where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
