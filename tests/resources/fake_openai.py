@@ -14,7 +14,7 @@ import uvicorn
 from procs import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
@@ -26,6 +26,8 @@ class FakeEngine:
     delay_s: float = 0.0
     #: HTTP status of GET /v1/models (an engine without the route: 404)
     models_status: int = 200
+    #: GET /v1/models answers these bytes as they are (application/json) instead of the models list
+    models_body: bytes | None = None
     bodies: list[dict[str, Any]] = field(default_factory=list)
     inflight: int = 0
     max_seen: int = 0
@@ -38,6 +40,8 @@ class FakeEngine:
     async def _models(self, request: Request) -> JSONResponse:
         if self.models_status != 200:
             return JSONResponse({"detail": "Not Found"}, status_code=self.models_status)
+        if self.models_body is not None:
+            return Response(self.models_body, media_type="application/json")
         return JSONResponse({"object": "list", "data": self.models})
 
     async def _chat(self, request: Request) -> JSONResponse:

@@ -173,3 +173,47 @@ def test_an_engine_without_v1_models_needs_options_model(tmp_path: Path) -> None
         assert engine.bodies[0]["model"] == "named"
         with pytest.raises(BackendError, match=r"GET /v1/models with HTTP 404"):
             _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        (b"[1, 2, 3]", "a list"),  # before: AttributeError ('list' object has no attribute 'get')
+        (b'{"data": "tiny"}', "data is a str"),  # before: "lists 0 models []"
+        (b"<html>nginx</html>", "not JSON"),  # before: JSONDecodeError
+        (b'{"data": [{"id": 7}]}', "an id that is not a string"),
+    ],
+)
+def test_a_models_list_that_is_not_one_is_a_502_naming_the_fix(tmp_path: Path, body: bytes, what: str) -> None:
+    with RunningEngine(FakeEngine(models_body=body)) as engine:
+        with pytest.raises(BackendError, match="GET /v1/models") as info:
+            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+        assert info.value.status == 502
+        message = str(info.value)
+        assert "is not an OpenAI model list" in message and what in message
+        assert "options.model" in message  # the fix: name the model (then the list is not needed)
+        # with the model named, a list that is not one is not needed: the declared options stand
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}', model: named"), {"question": "hi"})["answer"]
+        assert engine.bodies[-1]["model"] == "named"
+
+
+@pytest.mark.parametrize("length", ['"lots"', "true", "-5", "1e400", "4096.5"])
+def test_a_max_model_len_that_is_not_a_positive_integer_is_not_used(tmp_path: Path, length: str) -> None:
+    # before: int("lots") raised ValueError (a traceback at start-up, a 500 at the first request),
+    # and true was read as a max_model_len of 1, which refused every prompt as too long
+    body = f'{{"object": "list", "data": [{{"id": "tiny", "max_model_len": {length}}}]}}'.encode()
+    with RunningEngine(FakeEngine(models_body=body)) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"}) == {"answer": "echo: Q: hi"}
+
+
+def test_a_models_list_over_the_body_limit_is_a_502_at_load(tmp_path: Path) -> None:
+    from usg.backends.engine_http import MAX_BODY_BYTES
+
+    # before: read whole at start-up however large (the first request's read was bounded already)
+    body = b'{"data": [' + b" " * MAX_BODY_BYTES + b"]}"
+    with (
+        RunningEngine(FakeEngine(models_body=body)) as engine,
+        pytest.raises(BackendError, match=f"over {MAX_BODY_BYTES} bytes for GET /v1/models") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    assert info.value.status == 502

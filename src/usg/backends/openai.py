@@ -41,6 +41,7 @@ from typing import Any
 from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
 from usg.backends.engine_http import (
+    MAX_BODY_BYTES,
     EngineClient,
     EngineProtocolError,
     EngineResponse,
@@ -150,6 +151,23 @@ def _expand(value: Any, where: str) -> str:
     return text
 
 
+def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries of a ``GET /v1/models`` answer, or what is wrong with it (``"not JSON"``, ...)."""
+    try:
+        doc = resp.json()
+    except ValueError:  # UnicodeDecodeError included
+        return [], "not JSON"
+    if not isinstance(doc, dict):
+        return [], f"a {type(doc).__name__}, not an object with a data list"
+    data = doc.get("data")
+    if not isinstance(data, list):
+        return [], "no data list" if data is None else f"data is a {type(data).__name__}, not a list"
+    for i, m in enumerate(data):
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not m["id"]:
+            return [], f"data[{i}] has an id that is not a string: {str(m)[:80]}"
+    return data, None
+
+
 class _Retry(Exception):
     """The engine said 429/503 and a retry is left: wait ``wait_s`` and send again."""
 
@@ -230,7 +248,18 @@ class OpenAIBackend(Backend):
         httpx = _httpx()
         try:
             with httpx.Client(timeout=min(self.timeout_s, 10.0), headers=self._headers()) as client:
-                self._use_models(client.get(f"{self.url}/v1/models"))
+                with client.stream("GET", f"{self.url}/v1/models") as resp:
+                    body = bytearray()
+                    for piece in resp.iter_bytes():  # as much as the engine client takes (engine_http)
+                        body += piece
+                        if len(body) > MAX_BODY_BYTES:
+                            raise self._bad_gateway(
+                                EngineProtocolError(
+                                    f"the engine at {self.url} sent a body over {MAX_BODY_BYTES} bytes for "
+                                    "GET /v1/models; fix: check what listens at options.url"
+                                )
+                            )
+                self._use_models(httpx.Response(resp.status_code, content=bytes(body)))
         except httpx.TransportError:
             pass
         self.state = BackendState.LOADED
@@ -241,7 +270,18 @@ class OpenAIBackend(Backend):
                 self._discovered = True
                 return
             raise self._engine_error(resp, "GET /v1/models")
-        listed = [m for m in resp.json().get("data", []) if isinstance(m, dict) and m.get("id")]
+        listed, problem = _model_list(resp)
+        if problem is not None:
+            if self.model is not None:  # the list is not needed: the declared options stand
+                self._discovered = True
+                return
+            err = BackendError(
+                f"model {self.name!r}: the engine at {self.url} answered GET /v1/models with {problem}, which is "
+                f"not an OpenAI model list: {resp.text[:200]!r}; fix: check that options.url is the engine's "
+                "OpenAI-compatible address, or name the engine's model with options.model (then the list is not needed)"
+            )
+            err.status = 502
+            raise err
         if self.model is None:
             if len(listed) != 1:
                 ids = [str(m["id"]) for m in listed]
@@ -252,8 +292,10 @@ class OpenAIBackend(Backend):
             self.model = str(listed[0]["id"])
         if self.max_model_len is None:
             for m in listed:
-                if m["id"] == self.model and m.get("max_model_len"):
-                    self.max_model_len = int(m["max_model_len"])
+                length = m.get("max_model_len")
+                # only a positive integer: it bounds every prompt (true would be read as 1 and refuse them all)
+                if m["id"] == self.model and type(length) is int and length > 0:
+                    self.max_model_len = length
         self._discovered = True
 
     def _down(self, exc: Exception) -> StateError:
