@@ -21,8 +21,8 @@ from starlette.routing import Route
 @dataclass
 class FakeEngine:
     models: list[dict[str, Any]] = field(default_factory=lambda: [{"id": "tiny", "max_model_len": 4096}])
-    #: (status, headers, body) answered before normal replies, one per request
-    faults: list[tuple[int, dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    #: (status, headers, body) answered before normal replies, one per request (bytes: sent as they are)
+    faults: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
     delay_s: float = 0.0
     #: HTTP status of GET /v1/models (an engine without the route: 404)
     models_status: int = 200
@@ -44,11 +44,13 @@ class FakeEngine:
             return Response(self.models_body, media_type="application/json")
         return JSONResponse({"object": "list", "data": self.models})
 
-    async def _chat(self, request: Request) -> JSONResponse:
+    async def _chat(self, request: Request) -> Response:
         body = await request.json()
         self.bodies.append(body)
         if self.faults:
             status, headers, payload = self.faults.pop(0)
+            if isinstance(payload, bytes):
+                return Response(payload, status_code=status, headers={"content-type": "application/json", **headers})
             return JSONResponse(payload, status_code=status, headers=headers)
         self.inflight += 1
         self.max_seen = max(self.max_seen, self.inflight)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,39 @@ def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> No
         _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
     assert info.value.status == 400
     assert len(engine.bodies) == 1  # a 4xx is not retried
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "payload", "why"),
+    [
+        (200, {}, {"choices": []}, "without choices[0].message.content"),
+        (200, {"content-type": "text/html"}, b"<html>Bad Gateway</html>", "that is not JSON"),
+        (200, {}, [1, 2], "without choices[0].message.content"),
+        (307, {"location": "http://10.0.0.9:8000/v1/chat/completions"}, b"", "HTTP 307, a redirect to http://10.0.0.9"),
+    ],
+    ids=["no-choices", "html", "list", "redirect"],
+)
+def test_an_answer_that_is_not_a_completion_is_a_502_saying_why(
+    tmp_path: Path, status: int, headers: dict[str, str], payload: object, why: str
+) -> None:
+    # before: a 500 (a fault of usg serve's, to its clients and metrics), and a redirect or a body that
+    # is not JSON were described as "a completion without choices[0].message.content"
+    with (
+        RunningEngine(FakeEngine(faults=[(status, headers, payload)])) as engine,
+        pytest.raises(BackendError, match=re.escape(why)) as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    assert info.value.status == 502 and "fix: " in str(info.value)
+    if status == 307:
+        assert "point options.url at" in str(info.value)
+
+
+def test_an_answer_that_is_not_utf8_is_read_as_a_streamed_one_is(tmp_path: Path) -> None:
+    # a streamed answer's bytes that are not UTF-8 were replaced (U+FFFD) while the same answer read
+    # whole was refused (a 500 saying it had no choices[0].message.content)
+    bad = (200, {}, b'{"choices": [{"message": {"content": "caf\xe9"}}]}')
+    with RunningEngine(FakeEngine(faults=[bad])) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"}) == {"answer": "caf\ufffd"}
 
 
 def test_engine_down_is_a_503_naming_model_url_and_fix(tmp_path: Path) -> None:

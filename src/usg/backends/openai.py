@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import os
 import re
@@ -499,16 +500,31 @@ class OpenAIBackend(Backend):
         raise AssertionError("unreachable")
 
     def _answer(self, resp: Any) -> tuple[str, Any]:
-        """The completion's text, and its JSON document (parsed once)."""
+        """The completion's text, and its JSON document (parsed once). Bytes that are not UTF-8 are
+        replaced (U+FFFD), as in a streamed answer; an answer that is no completion is a 502."""
+        if 300 <= resp.status_code < 400:  # neither client follows redirects: a POST must not be re-sent blindly
+            where = resp.headers.get("location", "?")
+            err = BackendError(
+                f"model {self.name!r}: the engine at {self.url} answered HTTP {resp.status_code}, a redirect to "
+                f"{where[:200]}, which is not followed; fix: point options.url at the address it redirects to"
+            )
+            err.status = 502
+            raise err
         try:
-            doc = resp.json()
-            return openai_api.answer_text(self.endpoint, doc), doc
-        except (ValueError, KeyError, IndexError, TypeError):
-            field = "choices[0].message.content" if self.endpoint == "chat" else "choices[0].text"
-            raise BackendError(
-                f"model {self.name!r}: the engine at {self.url} sent a completion without "
-                f"{field}: {resp.text[:300]!r}; fix: check that it speaks the OpenAI API"
-            ) from None
+            doc = json.loads(resp.content.decode("utf-8", errors="replace"))
+        except ValueError:
+            why = "that is not JSON"
+        else:
+            try:
+                return openai_api.answer_text(self.endpoint, doc), doc
+            except (KeyError, IndexError, TypeError):
+                why = "without " + ("choices[0].message.content" if self.endpoint == "chat" else "choices[0].text")
+        err = BackendError(
+            f"model {self.name!r}: the engine at {self.url} sent a completion {why}: {resp.text[:300]!r}; "
+            "fix: check that options.url is the engine's OpenAI-compatible address (and that it speaks the OpenAI API)"
+        )
+        err.status = 502  # the engine broke the protocol: a bad gateway, not a fault of usg serve's
+        raise err
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """One item from a worker thread (the executor awaits :meth:`ainfer` instead)."""
