@@ -15,7 +15,8 @@ pytest.importorskip("uvicorn")
 from fake_openai import FakeEngine, RunningEngine
 from procs import free_port
 
-from usg import BackendError, Executor, GraphError, PayloadTooLarge, StateError, load_graph
+from usg import BackendError, Executor, GraphError, Overloaded, PayloadTooLarge, StateError, load_graph
+from usg.serve.errors import v1_error
 
 GRAPH = """
 name: ask
@@ -88,11 +89,31 @@ def test_retries_run_out_and_the_engine_status_is_passed_on(tmp_path: Path) -> N
     busy = (429, {"Retry-After": "0"}, {"error": {"message": "too many requests"}})
     with (
         RunningEngine(FakeEngine(faults=[busy, busy])) as engine,
-        pytest.raises(BackendError, match="HTTP 429: too many requests") as info,
+        pytest.raises(Overloaded, match="HTTP 429: too many requests") as info,
     ):
         _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 1"), {"question": "hi"})
     assert info.value.status == 429
     assert len(engine.bodies) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "expected"), [(429, "7", 7.0), (503, None, 1.0), (429, "99999999", 30.0)]
+)
+def test_an_engine_still_busy_when_retries_run_out_is_overloaded_with_a_retry_after(
+    tmp_path: Path, status: int, retry_after: str | None, expected: float
+) -> None:
+    # before: a BackendError with the engine's status, so the client got a 429 (or 503) without
+    # Retry-After, and no fix; the rejections metric did not count it
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    busy = (status, headers, {"error": {"message": "busy"}})
+    with (
+        RunningEngine(FakeEngine(faults=[busy])) as engine,
+        pytest.raises(Overloaded, match=rf"HTTP {status}: busy.*fix: retry after") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 0"), {"question": "hi"})
+    assert info.value.status == status and info.value.retry_after == expected
+    response = v1_error(info.value, "rid")
+    assert response.status_code == status and response.headers["retry-after"] == str(int(expected))
 
 
 def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ from usg.errors import (
     BackendError,
     GraphError,
     GraphProblem,
+    Overloaded,
     RequestTimeout,
     StateError,
     USGError,
@@ -312,11 +313,24 @@ class OpenAIBackend(Backend):
         err.status = 502
         return err
 
-    def _engine_error(self, resp: Any, what: str) -> BackendError:
-        err = BackendError(
+    def _engine_error(self, resp: Any, what: str) -> USGError:
+        """The engine's error answer, with its status: :class:`Overloaded` (with the engine's
+        ``Retry-After``, for the client) when it is busy (429/503) and the retries ran out."""
+        message = (
             f"model {self.name!r}: the engine at {self.url} answered {what} with HTTP {resp.status_code}: "
             f"{_engine_message(resp)}"
         )
+        err: USGError
+        if resp.status_code in _RETRY_STATUS:
+            wait = _retry_after(resp.headers, 1)  # its Retry-After (at most 30 s), else 1 s
+            err = Overloaded(
+                f"{message}; fix: retry after {wait:g} s (the engine is at capacity: give it more, or raise "
+                f"options.retries, {self.retries} now, to wait for it longer)",
+                retry_after=wait,
+                why="engine",
+            )
+        else:
+            err = BackendError(message)
         err.status = int(resp.status_code)
         return err
 
