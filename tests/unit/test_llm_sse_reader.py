@@ -101,6 +101,35 @@ def test_an_engine_that_ignores_max_tokens_is_cut_off() -> None:
     assert err.value.status == 502 and f"{reader.max_deltas + 1} token deltas" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "filler",
+    [
+        f"data: {_chunk()}\n\n".encode(),  # empty deltas
+        b": keep-alive\n\n",  # comments
+        b"\n",  # blank lines
+    ],
+    ids=["empty-deltas", "comments", "blank-lines"],
+)
+def test_an_engine_that_streams_nothing_forever_is_cut_off(filler: bytes) -> None:
+    # before: lines without text were not counted, so such a stream ran (a core busy parsing it)
+    # until the request's deadline
+    reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=8)
+    with pytest.raises(BackendError, match=f"{reader.max_lines} lines") as err:
+        for _ in range(reader.max_lines + 1):
+            reader.feed(filler)
+    assert err.value.status == 502 and "max_tokens" in str(err.value)
+
+
+def test_a_full_answer_with_every_kind_of_line_is_within_the_line_bound() -> None:
+    reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=8)
+    event = f": keep-alive\r\n\r\nevent: message\r\nid: 1\r\ndata: {_chunk('tok')}\r\n\r\n".encode()
+    reader.feed(f"data: {_chunk()}\n\n".encode())  # the role chunk
+    for _ in range(8):
+        reader.feed(event)
+    reader.feed(f"data: {_chunk(finish='length')}\n\ndata: [DONE]\n\n".encode())
+    assert reader.finish() == "tok" * 8
+
+
 def test_a_huge_delta_is_cut_off_by_characters() -> None:
     reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=4)
     big = f"data: {_chunk('x' * 60_000)}\n\n".encode()

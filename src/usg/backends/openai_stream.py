@@ -113,11 +113,14 @@ class SSEDecoder:
         self._rest = b""
         self._data: list[str] = []
         self._size = 0  # bytes of the lines in _data
+        #: lines read so far (events, comments, blank lines: what the reader bounds)
+        self.lines = 0
 
     def feed(self, chunk: bytes) -> list[str]:
         buf = self._rest + chunk if self._rest else chunk
         lines = buf.split(b"\n")
         self._rest = lines.pop()
+        self.lines += len(lines)
         if len(self._rest) > MAX_LINE_BYTES:
             raise _bad_stream(
                 f"{self.where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream"
@@ -222,10 +225,13 @@ class ChatStreamReader:
         self._decoder = SSEDecoder(where)
         self._parts: list[str] = []
         # the answer's memory is bounded before it grows: an engine that ignores max_tokens (or
-        # streams forever) is cut off at twice as many deltas and 1 KiB of text a token
+        # streams forever) is cut off at twice as many deltas and 1 KiB of text a token; and its
+        # time: at 16 lines a token (a token's event is 2 to 4 lines, with event: and id:), so
+        # empty deltas, comments or blank lines streamed in a loop do not run until the deadline
         budget = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_MAX_TOKENS
         self.max_deltas = 2 * budget + 16
         self.max_chars = 1024 * budget + 65536
+        self.max_lines = 16 * budget + 256
         self._chars = 0
 
     def feed(self, chunk: bytes) -> list[str]:
@@ -233,7 +239,14 @@ class ChatStreamReader:
         if self.done:
             return new
         call = self.call
-        for data in self._decoder.feed(chunk):
+        decoded = self._decoder.feed(chunk)
+        if self._decoder.lines > self.max_lines:
+            raise _bad_stream(
+                f"{self.where}: the engine streamed over {self.max_lines} lines ({call.deltas} token deltas), "
+                "past what max_tokens allows; fix: check that the engine honours max_tokens (it may be sending "
+                "empty chunks or keep-alives in a loop)"
+            )
+        for data in decoded:
             if data == "[DONE]" or data.strip() == "[DONE]":
                 self.done = True
                 break
