@@ -114,6 +114,8 @@ class ServeContext:
         # bodies being received may reserve as much as the in-flight requests may hold
         self.receiving = BodyBudget(config.max_inflight * self.limits.max_body_bytes, retry_after=config.retry_after_s)
         self.state = ServeState.STARTING
+        #: why the start-up failed, when a USG error said it (printed as its message, no traceback)
+        self.startup_error: USGError | None = None
         self.started_at = time.time()
         self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
         self.sessions: SessionManager | None = None  # streaming sessions (usg.serve.stream_ws)
