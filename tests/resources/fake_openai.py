@@ -28,6 +28,10 @@ class FakeEngine:
     models_status: int = 200
     #: GET /v1/models answers these bytes as they are (application/json) instead of the models list
     models_body: bytes | None = None
+    #: a non-streamed answer waits (up to 60 s) for the client to close its connection first
+    hold: bool = False
+    #: non-streamed requests whose client closed the connection before the answer (with ``hold``)
+    closed_early: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     inflight: int = 0
     max_seen: int = 0
@@ -56,6 +60,12 @@ class FakeEngine:
         self.max_seen = max(self.max_seen, self.inflight)
         try:
             await asyncio.sleep(self.delay_s)
+            deadline = time.monotonic() + 60
+            while self.hold and time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    self.closed_early += 1
+                    return Response(status_code=204)
+                await asyncio.sleep(0.02)
         finally:
             self.inflight -= 1
         last = body["messages"][-1]["content"]
