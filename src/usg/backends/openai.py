@@ -166,7 +166,7 @@ def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
         return [], "no data list" if data is None else f"data is a {type(data).__name__}, not a list"
     for i, m in enumerate(data):
         if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not m["id"]:
-            return [], f"data[{i}] has an id that is not a string: {str(m)[:80]}"
+            return [], f"data[{i}] has an id that is not a string ({str(m)[:40]})"
     return data, None
 
 
@@ -278,9 +278,9 @@ class OpenAIBackend(Backend):
                 self._discovered = True
                 return
             err = BackendError(
-                f"model {self.name!r}: the engine at {self.url} answered GET /v1/models with {problem}, which is "
-                f"not an OpenAI model list: {resp.text[:200]!r}; fix: check that options.url is the engine's "
-                "OpenAI-compatible address, or name the engine's model with options.model (then the list is not needed)"
+                f"model {self.name!r}: the engine at {self.url} answered GET /v1/models with {problem}, "
+                f"not an OpenAI model list ({resp.text[:40]!r}); fix: check that options.url is the engine's "
+                "address, or set options.model (then the list is not needed)"
             )
             err.status = 502
             raise err
@@ -534,8 +534,8 @@ class OpenAIBackend(Backend):
             except (KeyError, IndexError, TypeError):
                 why = "without " + ("choices[0].message.content" if self.endpoint == "chat" else "choices[0].text")
         err = BackendError(
-            f"model {self.name!r}: the engine at {self.url} sent a completion {why}: {resp.text[:300]!r}; "
-            "fix: check that options.url is the engine's OpenAI-compatible address (and that it speaks the OpenAI API)"
+            f"model {self.name!r}: the engine at {self.url} sent a completion {why} ({resp.text[:80]!r}); "
+            "fix: check that options.url is the engine's OpenAI-compatible address"
         )
         err.status = 502  # the engine broke the protocol: a bad gateway, not a fault of usg serve's
         raise err

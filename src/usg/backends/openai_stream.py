@@ -137,9 +137,9 @@ class SSEDecoder:
                 self._line(raw, out)
         if self._size > MAX_LINE_BYTES:  # an event still open (one feed is one read: at most one read over)
             raise _bad_stream(
-                f"{self.where}: the engine sent an event over {MAX_LINE_BYTES} bytes of data (data: lines "
-                "without the blank line that ends an event), not an SSE stream of chat chunks; "
-                "fix: check that the engine speaks the OpenAI streaming API (or set options.engine_stream: false)"
+                f"{self.where}: the engine sent an event over {MAX_LINE_BYTES} bytes (data: lines, no blank line "
+                "ending it); fix: check that the engine speaks the OpenAI streaming API (or set "
+                "options.engine_stream: false)"
             )
         return out
 
