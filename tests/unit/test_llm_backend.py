@@ -272,3 +272,24 @@ def test_a_models_list_over_the_body_limit_is_a_502_at_load(tmp_path: Path) -> N
     ):
         _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
     assert info.value.status == 502
+
+
+@pytest.mark.parametrize("endpoint_stream", ["false", "true"])
+def test_a_whole_answer_through_httpx_is_bounded_as_through_usgs_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint_stream: str
+) -> None:
+    # An engine behind an HTTP proxy (or at https://) is read with httpx. Before, its whole answers
+    # (a completion, an error, a JSON answer to a stream request) were read however large: a 300 MB
+    # completion grew usg serve by 900 MB; usg's own client stops at MAX_BODY_BYTES.
+    from usg.backends.engine_http import MAX_BODY_BYTES
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    huge = b'{"choices": [{"message": {"content": "' + b"x" * MAX_BODY_BYTES + b'"}}]}'
+    with RunningEngine(FakeEngine(faults=[(200, {}, huge)])) as engine:
+        monkeypatch.setenv("HTTP_PROXY", engine.url)  # the "proxy" is the engine: only httpx reaches it
+        options = f"url: 'http://engine.invalid:9', model: tiny, engine_stream: {endpoint_stream}"
+        with pytest.raises(BackendError, match=f"over {MAX_BODY_BYTES} bytes") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 502
+        assert _ask(_graph(tmp_path, options), {"question": "hi"}) == {"answer": "echo: Q: hi"}

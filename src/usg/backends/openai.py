@@ -170,6 +170,21 @@ def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
     return data, None
 
 
+class _Whole:
+    """A response read whole through httpx by :meth:`OpenAIBackend._read_whole` (what the backend
+    reads of one: status, headers, the body as bytes, text and JSON)."""
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
 class _Retry(Exception):
     """The engine said 429/503 and a retry is left: wait ``wait_s`` and send again."""
 
@@ -381,7 +396,7 @@ class OpenAIBackend(Backend):
             async with self._discovery:  # the first requests ask once, not once each
                 if not self._discovered:
                     try:
-                        self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
+                        self._use_models(await self._request_whole(client, "GET", f"{self.url}/v1/models"))
                     except EngineProtocolError as exc:
                         raise self._bad_gateway(exc) from None
                     except _transport_errors() as exc:
@@ -462,13 +477,13 @@ class OpenAIBackend(Backend):
             async with client.stream("POST", f"{self.url}{path}", json=body, headers=self._headers()) as resp:
                 call.answered(resp.status_code, resp.headers)
                 if resp.status_code >= 400:
-                    await resp.aread()
+                    whole = await self._read_whole(resp)
                     if resp.status_code in _RETRY_STATUS and attempt < self.retries:
                         raise _Retry(_retry_after(resp.headers, attempt))
-                    raise self._engine_error(resp, f"POST {path}")
+                    raise self._engine_error(whole, f"POST {path}")
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    await resp.aread()  # an engine that answers a stream request with one JSON completion
-                    text, doc = self._answer(resp)
+                    # an engine that answers a stream request with one JSON completion
+                    text, doc = self._answer(await self._read_whole(resp))
                     call.chunk(doc)
                     if on_token is not None and text:
                         on_token(text)
@@ -495,7 +510,7 @@ class OpenAIBackend(Backend):
         url = f"{self.url}{openai_api.ENDPOINTS[self.endpoint]}"
         for attempt in range(self.retries + 1):
             try:
-                resp = await client.post(url, json=body, headers=self._headers())
+                resp = await self._request_whole(client, "POST", url, body)
             except _timeouts():
                 raise RequestTimeout(
                     f"model {self.name!r}: the engine at {self.url} did not answer within {self.timeout_s:g} s; "
@@ -512,6 +527,36 @@ class OpenAIBackend(Backend):
                 raise self._engine_error(resp, f"POST {openai_api.ENDPOINTS[self.endpoint]}")
             return resp
         raise AssertionError("unreachable")
+
+    async def _request_whole(self, client: Any, method: str, url: str, body: Any = None) -> Any:
+        """One request whose answer is read whole, within :data:`MAX_BODY_BYTES` and ``timeout_s``:
+        :class:`EngineClient` bounds it itself; httpx (an https engine, or one behind a proxy) reads
+        whole bodies however large, so its answer is streamed into :meth:`_read_whole`."""
+        if isinstance(client, EngineClient):
+            return await client.request(method, url, json=body, headers=self._headers())
+        async with client.stream(method, url, json=body, headers=self._headers()) as resp:
+            return await self._read_whole(resp)
+
+    async def _read_whole(self, resp: Any) -> Any:
+        """The body of a response (an :class:`EngineResponse` or httpx's) read whole, at most
+        :data:`MAX_BODY_BYTES` (httpx's decoded bytes: a compressed body is bounded as it inflates)
+        within ``timeout_s`` in total: :class:`EngineProtocolError` / :class:`EngineTimeout` past them."""
+        if isinstance(resp, EngineResponse):
+            await resp.aread()
+            return resp
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for piece in resp.aiter_bytes():
+                    body += piece
+                    if len(body) > MAX_BODY_BYTES:
+                        raise EngineProtocolError(
+                            f"the engine at {self.url} sent a body over {MAX_BODY_BYTES} bytes "
+                            f"(HTTP {resp.status_code}); fix: check what listens at options.url, or lower max_tokens"
+                        )
+        except TimeoutError:
+            raise EngineTimeout(f"the body from the engine at {self.url} took over {self.timeout_s:g} s") from None
+        return _Whole(resp.status_code, resp.headers, bytes(body))
 
     def _answer(self, resp: Any) -> tuple[str, Any]:
         """The completion's text, and its JSON document (parsed once). Bytes that are not UTF-8 are
