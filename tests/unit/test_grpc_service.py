@@ -286,6 +286,32 @@ def test_stream_answers_every_message_and_errors_in_band() -> None:
     asyncio.run(scenario())
 
 
+def test_open_streams_are_a_gauge() -> None:
+    # before: the streams holding half of the gRPC call slots were seen only when one more was refused
+    async def scenario() -> None:
+        async with serving() as (ctx, client):
+            more = asyncio.Event()
+
+            async def messages() -> AsyncIterator[dict[str, Any]]:
+                yield {"model_name": "g", "inputs": [text_input("one")], "request_id": "1"}
+                await more.wait()
+
+            def gauge() -> str:
+                line = next(x for x in ctx.metrics.render().decode().splitlines() if x.startswith("usg_grpc_streams "))
+                return line.split()[1]
+
+            assert gauge() == "0.0"
+            replies = client.stream_infer(messages())
+            result, error = await anext(aiter(replies))
+            assert error is None and result.as_numpy("echo").tolist() == [b"one"]
+            assert gauge() == "1.0"
+            more.set()
+            assert [r async for r in replies] == []
+            assert gauge() == "0.0"
+
+    asyncio.run(scenario())
+
+
 def test_message_above_the_body_limit_is_refused_by_grpc() -> None:
     async def scenario() -> None:
         async with serving(max_body_mb=0.01) as (_, client):

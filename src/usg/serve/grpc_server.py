@@ -56,7 +56,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     _missing = "grpcio" if _exc.name in (None, "grpc") else _exc.name.split(".")[0]
     raise MissingDependency(_missing, "grpc", "usg serve --grpc-port") from None
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from usg import __version__
 from usg.serve.app import ServeState
@@ -138,6 +138,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             ["method", "code"],
             registry=ctx.metrics.registry,
         )
+        Gauge(
+            "usg_grpc_streams",
+            "ModelStreamInfer streams open (each holds a gRPC call slot; at most half of them).",
+            registry=ctx.metrics.registry,
+        ).set_function(lambda: float(self.streams))
 
     # -- health (open) and metadata (behind the API key, if any) ------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
