@@ -152,6 +152,25 @@ def test_an_answer_that_is_not_a_completion_is_a_502_saying_why(
         assert "point options.url at" in str(info.value)
 
 
+def test_answers_nested_past_the_parser_are_not_json(tmp_path: Path) -> None:
+    # before: json's RecursionError escaped: a 500 "internal error (RecursionError)" and a traceback
+    deep = b"[" * 100_000
+    faults = [(200, {}, b'{"choices": ' + deep), (400, {}, b'{"error": ' + deep)]
+    with RunningEngine(FakeEngine(faults=faults)) as engine:
+        options = f"url: '{engine.url}'"
+        with pytest.raises(BackendError, match="that is not JSON") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 502
+        with pytest.raises(BackendError, match=r"HTTP 400: \{\"error\": \[\[") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 400
+    with (
+        RunningEngine(FakeEngine(models_body=b'{"data": ' + deep)) as engine,
+        pytest.raises(BackendError, match="GET /v1/models with not JSON"),
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+
+
 def test_an_answer_that_is_not_utf8_is_read_as_a_streamed_one_is(tmp_path: Path) -> None:
     # a streamed answer's bytes that are not UTF-8 were replaced (U+FFFD) while the same answer read
     # whole was refused (a 500 saying it had no choices[0].message.content)

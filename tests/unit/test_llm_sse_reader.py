@@ -79,6 +79,14 @@ def test_an_event_whose_data_lines_never_end_is_refused() -> None:
     assert SSEDecoder("w").feed(b"data: a\n" * 1000 + b"\n") == ["\n".join(["a"] * 1000)]  # many short lines: one event
 
 
+def test_a_chunk_nested_past_the_parser_is_a_malformed_chunk() -> None:
+    # before: json's RecursionError escaped: a 500 "internal error (RecursionError)" and a traceback
+    for data in (b"[" * 100_000, b'{"choices": [{"delta": {"content": ' + b"[" * 100_000):
+        with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\)") as info:
+            _read([b"data: " + data + b"\n\n"])
+        assert info.value.status == 502
+
+
 def test_malformed_and_error_chunks() -> None:
     with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\): '\{nope'"):
         _read([b"data: {nope\n\n"])

@@ -119,7 +119,7 @@ def _retry_after(headers: Mapping[str, str], attempt: int) -> float:
 def _engine_message(resp: Any) -> str:
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser
         return resp.text[:500]
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
@@ -157,7 +157,7 @@ def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
     """The entries of a ``GET /v1/models`` answer, or what is wrong with it (``"not JSON"``, ...)."""
     try:
         doc = resp.json()
-    except ValueError:  # UnicodeDecodeError included
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; RecursionError: nested past the parser
         return [], "not JSON"
     if not isinstance(doc, dict):
         return [], f"a {type(doc).__name__}, not an object with a data list"
@@ -571,7 +571,7 @@ class OpenAIBackend(Backend):
             raise err
         try:
             doc = json.loads(resp.content.decode("utf-8", errors="replace"))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser
             why = "that is not JSON"
         else:
             try:

@@ -317,7 +317,7 @@ def _json(data: str) -> Any:
         doc, end = _scan_json(data, 0)
         if end == len(data):
             return doc
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         pass
     return json.loads(data)  # whitespace around the value, or the error to raise
 
@@ -328,7 +328,7 @@ def _usual_chunk_text(data: str, call: CallRecorder) -> str | None:
     :func:`_chunk_text` decides). Runs once per token, so it is kept flat."""
     try:
         doc, end = _scan_json(data, 0)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         return None
     if end != len(data) or type(doc) is not dict or "error" in doc:
         return None
@@ -356,7 +356,7 @@ def _chunk_text(data: str, call: CallRecorder, where: str) -> str:
     """The content delta of one ``data:`` (usage, finish reason and id noted on ``call``)."""
     try:
         doc = _json(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser
         raise _malformed(where, data, "not JSON") from None
     if not isinstance(doc, dict):
         raise _malformed(where, data, "not a JSON object")
