@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import math
 import socket
@@ -277,9 +278,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         window = asyncio.Semaphore(self.ctx.config.max_inflight)  # bounds replies waiting to be sent
         tasks: set[asyncio.Task[None]] = set()
+        # the stream's x-request-id, numbered per message (its messages run at once: one id each)
+        base = metadata.get("x-request-id")
+        count = itertools.count(1)
 
         async def answer(request: pb.ModelInferRequest) -> None:
-            rid = new_request_id()
+            rid = f"{base}.{next(count)}" if base else new_request_id()
             try:
                 reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request, rid, metadata))
                 self._count("ModelStreamInfer", None)
