@@ -1,17 +1,16 @@
-"""Gauges of the long-lived calls that each hold a slot while open: WebSocket streaming sessions
-(``usg_stream_sessions``) and gRPC ``ModelStreamInfer`` streams (``usg_grpc_streams``)."""
+"""Gauges of the long-lived calls that each hold a slot while open: streaming sessions
+(``usg_stream_sessions``; gRPC ``ModelStreamInfer`` streams are in test_grpc_service.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("starlette")
 from starlette.applications import Starlette
-from starlette.testclient import TestClient
 
 from usg.graph import Graph, GraphBuilder
 from usg.serve import create_app
@@ -36,16 +35,19 @@ def _gauge(app: Starlette, name: str) -> float:
     raise AssertionError(f"{name} is not in /metrics")
 
 
-def test_open_websocket_sessions_are_a_gauge() -> None:
+def test_open_streaming_sessions_are_a_gauge() -> None:
     # before: the sessions holding --stream-limit max_sessions were seen only when one more was refused
     app = create_app(_graph())
-    with TestClient(app) as client:
-        assert _gauge(app, "usg_stream_sessions") == 0
-        with client.websocket_connect("/v1/stream/g") as ws:
-            assert ws.receive_json()["type"] == "session"
-            assert _gauge(app, "usg_stream_sessions") == 1
-        for _ in range(200):  # the server side ends its sessions after the clients closed
-            if _gauge(app, "usg_stream_sessions") == 0:
-                break
-            time.sleep(0.01)
-        assert _gauge(app, "usg_stream_sessions") == 0
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            sessions = app.state.usg.sessions  # the manager behind WS /v1/stream/{graph}
+            assert _gauge(app, "usg_stream_sessions") == 0
+            await sessions.start()
+            one, two = sessions.open(), sessions.open()
+            assert _gauge(app, "usg_stream_sessions") == 2
+            await one.close()
+            two.abort()
+            assert _gauge(app, "usg_stream_sessions") == 0
+
+    asyncio.run(scenario())
