@@ -139,6 +139,31 @@ def test_busy_port_fails_before_loading_models_with_exit_1() -> None:
     assert "serving graph" not in out.stderr  # refused before the graph was loaded
 
 
+def test_a_model_that_cannot_load_fails_start_up_with_its_message_and_no_traceback(tmp_path: Path) -> None:
+    from fake_openai import FakeEngine, RunningEngine
+
+    graph = tmp_path / "graph.yaml"
+    with RunningEngine(FakeEngine(models=[{"id": "a"}, {"id": "b"}])) as engine:
+        graph.write_text(
+            "name: ask\ninputs: {question: {modality: text}}\n"
+            f"models: {{llm: {{backend: openai, options: {{url: '{engine.url}'}}}}}}\n"
+            "nodes:\n  prompt: {fn: 'usg.ops.llm:chat', inputs: {question: inputs.question}}\n"
+            "  answer: {model: llm, inputs: {messages: prompt.messages}}\noutputs: {answer: answer.text}\n"
+        )
+        out = subprocess.run(
+            [str(USG), "serve", str(graph), "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "USG_CACHE": os.environ.get("USG_CACHE", "/tmp/usgcache")},
+            timeout=60,
+        )
+    assert out.returncode != 0, out
+    # before: uvicorn printed the lifespan's traceback (20 lines of starlette, the executor and the
+    # backend) with the message on its last line
+    assert "lists 2 models ['a', 'b']" in out.stderr and "fix: name one with options.model" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_trickling_body_and_trickling_headers_are_cut_off(serve: Callable[..., Server], slow_graph: Path) -> None:
     server = serve(slow_graph, "--body-timeout", "2", "--header-timeout", "2")
     for start in (

@@ -14,18 +14,24 @@ import uvicorn
 from procs import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
 @dataclass
 class FakeEngine:
     models: list[dict[str, Any]] = field(default_factory=lambda: [{"id": "tiny", "max_model_len": 4096}])
-    #: (status, headers, body) answered before normal replies, one per request
-    faults: list[tuple[int, dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    #: (status, headers, body) answered before normal replies, one per request (bytes: sent as they are)
+    faults: list[tuple[int, dict[str, str], Any]] = field(default_factory=list)
     delay_s: float = 0.0
     #: HTTP status of GET /v1/models (an engine without the route: 404)
     models_status: int = 200
+    #: GET /v1/models answers these bytes as they are (application/json) instead of the models list
+    models_body: bytes | None = None
+    #: a non-streamed answer waits (up to 60 s) for the client to close its connection first
+    hold: bool = False
+    #: non-streamed requests whose client closed the connection before the answer (with ``hold``)
+    closed_early: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     inflight: int = 0
     max_seen: int = 0
@@ -38,18 +44,28 @@ class FakeEngine:
     async def _models(self, request: Request) -> JSONResponse:
         if self.models_status != 200:
             return JSONResponse({"detail": "Not Found"}, status_code=self.models_status)
+        if self.models_body is not None:
+            return Response(self.models_body, media_type="application/json")
         return JSONResponse({"object": "list", "data": self.models})
 
-    async def _chat(self, request: Request) -> JSONResponse:
+    async def _chat(self, request: Request) -> Response:
         body = await request.json()
         self.bodies.append(body)
         if self.faults:
             status, headers, payload = self.faults.pop(0)
+            if isinstance(payload, bytes):
+                return Response(payload, status_code=status, headers={"content-type": "application/json", **headers})
             return JSONResponse(payload, status_code=status, headers=headers)
         self.inflight += 1
         self.max_seen = max(self.max_seen, self.inflight)
         try:
             await asyncio.sleep(self.delay_s)
+            deadline = time.monotonic() + 60
+            while self.hold and time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    self.closed_early += 1
+                    return Response(status_code=204)
+                await asyncio.sleep(0.02)
         finally:
             self.inflight -= 1
         last = body["messages"][-1]["content"]

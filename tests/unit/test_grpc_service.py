@@ -286,6 +286,60 @@ def test_stream_answers_every_message_and_errors_in_band() -> None:
     asyncio.run(scenario())
 
 
+def test_stream_messages_carry_the_streams_x_request_id() -> None:
+    # before: ModelInfer took the client's x-request-id, but each ModelStreamInfer message got a
+    # fresh random id, so a stream's requests could not be found by the id the client sent
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    async def scenario() -> None:
+        async with serving(tracer_provider=provider) as (_, client):
+
+            async def messages() -> AsyncIterator[dict[str, Any]]:
+                for i in range(3):
+                    yield {"model_name": "g", "inputs": [text_input(f"m{i}")], "request_id": str(i)}
+
+            replies = [r async for r in client.stream_infer(messages(), headers={"x-request-id": "job-7"})]
+            assert len(replies) == 3 and all(error is None for _, error in replies)
+
+    asyncio.run(scenario())
+    ids = sorted(
+        str((s.attributes or {})["usg.request_id"]) for s in exporter.get_finished_spans() if s.name == "usg.request"
+    )
+    assert ids == ["job-7.1", "job-7.2", "job-7.3"]  # one per message, in the order they came
+
+
+def test_open_streams_are_a_gauge() -> None:
+    # before: the streams holding half of the gRPC call slots were seen only when one more was refused
+    async def scenario() -> None:
+        async with serving() as (ctx, client):
+            more = asyncio.Event()
+
+            async def messages() -> AsyncIterator[dict[str, Any]]:
+                yield {"model_name": "g", "inputs": [text_input("one")], "request_id": "1"}
+                await more.wait()
+
+            def gauge() -> str:
+                line = next(x for x in ctx.metrics.render().decode().splitlines() if x.startswith("usg_grpc_streams "))
+                return line.split()[1]
+
+            assert gauge() == "0.0"
+            replies = client.stream_infer(messages())
+            result, error = await anext(aiter(replies))
+            assert error is None and result.as_numpy("echo").tolist() == [b"one"]
+            assert gauge() == "1.0"
+            more.set()
+            assert [r async for r in replies] == []
+            assert gauge() == "0.0"
+
+    asyncio.run(scenario())
+
+
 def test_message_above_the_body_limit_is_refused_by_grpc() -> None:
     async def scenario() -> None:
         async with serving(max_body_mb=0.01) as (_, client):

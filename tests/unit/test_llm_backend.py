@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ pytest.importorskip("uvicorn")
 from fake_openai import FakeEngine, RunningEngine
 from procs import free_port
 
-from usg import BackendError, Executor, GraphError, PayloadTooLarge, StateError, load_graph
+from usg import BackendError, Executor, GraphError, Overloaded, PayloadTooLarge, StateError, load_graph
+from usg.serve.errors import v1_error
 
 GRAPH = """
 name: ask
@@ -87,11 +89,31 @@ def test_retries_run_out_and_the_engine_status_is_passed_on(tmp_path: Path) -> N
     busy = (429, {"Retry-After": "0"}, {"error": {"message": "too many requests"}})
     with (
         RunningEngine(FakeEngine(faults=[busy, busy])) as engine,
-        pytest.raises(BackendError, match="HTTP 429: too many requests") as info,
+        pytest.raises(Overloaded, match="HTTP 429: too many requests") as info,
     ):
         _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 1"), {"question": "hi"})
     assert info.value.status == 429
     assert len(engine.bodies) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "expected"), [(429, "7", 7.0), (503, None, 1.0), (429, "99999999", 30.0)]
+)
+def test_an_engine_still_busy_when_retries_run_out_is_overloaded_with_a_retry_after(
+    tmp_path: Path, status: int, retry_after: str | None, expected: float
+) -> None:
+    # before: a BackendError with the engine's status, so the client got a 429 (or 503) without
+    # Retry-After, and no fix; the rejections metric did not count it
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    busy = (status, headers, {"error": {"message": "busy"}})
+    with (
+        RunningEngine(FakeEngine(faults=[busy])) as engine,
+        pytest.raises(Overloaded, match=rf"HTTP {status}: busy.*fix: retry after") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}', retries: 0"), {"question": "hi"})
+    assert info.value.status == status and info.value.retry_after == expected
+    response = v1_error(info.value, "rid")
+    assert response.status_code == status and response.headers["retry-after"] == str(int(expected))
 
 
 def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> None:
@@ -103,6 +125,58 @@ def test_engine_error_is_passed_on_with_status_and_message(tmp_path: Path) -> No
         _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
     assert info.value.status == 400
     assert len(engine.bodies) == 1  # a 4xx is not retried
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "payload", "why"),
+    [
+        (200, {}, {"choices": []}, "without choices[0].message.content"),
+        (200, {"content-type": "text/html"}, b"<html>Bad Gateway</html>", "that is not JSON"),
+        (200, {}, [1, 2], "without choices[0].message.content"),
+        (307, {"location": "http://10.0.0.9:8000/v1/chat/completions"}, b"", "HTTP 307, a redirect to http://10.0.0.9"),
+    ],
+    ids=["no-choices", "html", "list", "redirect"],
+)
+def test_an_answer_that_is_not_a_completion_is_a_502_saying_why(
+    tmp_path: Path, status: int, headers: dict[str, str], payload: object, why: str
+) -> None:
+    # before: a 500 (a fault of usg serve's, to its clients and metrics), and a redirect or a body that
+    # is not JSON were described as "a completion without choices[0].message.content"
+    with (
+        RunningEngine(FakeEngine(faults=[(status, headers, payload)])) as engine,
+        pytest.raises(BackendError, match=re.escape(why)) as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    assert info.value.status == 502 and "fix: " in str(info.value)
+    if status == 307:
+        assert "point options.url at" in str(info.value)
+
+
+def test_answers_nested_past_the_parser_are_not_json(tmp_path: Path) -> None:
+    # before: json's RecursionError escaped: a 500 "internal error (RecursionError)" and a traceback
+    deep = b"[" * 100_000
+    faults = [(200, {}, b'{"choices": ' + deep), (400, {}, b'{"error": ' + deep)]
+    with RunningEngine(FakeEngine(faults=faults)) as engine:
+        options = f"url: '{engine.url}'"
+        with pytest.raises(BackendError, match="that is not JSON") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 502
+        with pytest.raises(BackendError, match=r"HTTP 400: \{\"error\": \[\[") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 400
+    with (
+        RunningEngine(FakeEngine(models_body=b'{"data": ' + deep)) as engine,
+        pytest.raises(BackendError, match="GET /v1/models with not JSON"),
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+
+
+def test_an_answer_that_is_not_utf8_is_read_as_a_streamed_one_is(tmp_path: Path) -> None:
+    # a streamed answer's bytes that are not UTF-8 were replaced (U+FFFD) while the same answer read
+    # whole was refused (a 500 saying it had no choices[0].message.content)
+    bad = (200, {}, b'{"choices": [{"message": {"content": "caf\xe9"}}]}')
+    with RunningEngine(FakeEngine(faults=[bad])) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"}) == {"answer": "caf\ufffd"}
 
 
 def test_engine_down_is_a_503_naming_model_url_and_fix(tmp_path: Path) -> None:
@@ -173,3 +247,68 @@ def test_an_engine_without_v1_models_needs_options_model(tmp_path: Path) -> None
         assert engine.bodies[0]["model"] == "named"
         with pytest.raises(BackendError, match=r"GET /v1/models with HTTP 404"):
             _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        (b"[1, 2, 3]", "a list"),  # before: AttributeError ('list' object has no attribute 'get')
+        (b'{"data": "tiny"}', "data is a str"),  # before: "lists 0 models []"
+        (b"<html>nginx</html>", "not JSON"),  # before: JSONDecodeError
+        (b'{"data": [{"id": 7}]}', "an id that is not a string"),
+    ],
+)
+def test_a_models_list_that_is_not_one_is_a_502_naming_the_fix(tmp_path: Path, body: bytes, what: str) -> None:
+    with RunningEngine(FakeEngine(models_body=body)) as engine:
+        with pytest.raises(BackendError, match="GET /v1/models") as info:
+            _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+        assert info.value.status == 502
+        message = str(info.value)
+        assert "not an OpenAI model list" in message and what in message
+        assert "options.model" in message  # the fix: name the model (then the list is not needed)
+        # with the model named, a list that is not one is not needed: the declared options stand
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}', model: named"), {"question": "hi"})["answer"]
+        assert engine.bodies[-1]["model"] == "named"
+
+
+@pytest.mark.parametrize("length", ['"lots"', "true", "-5", "1e400", "4096.5"])
+def test_a_max_model_len_that_is_not_a_positive_integer_is_not_used(tmp_path: Path, length: str) -> None:
+    # before: int("lots") raised ValueError (a traceback at start-up, a 500 at the first request),
+    # and true was read as a max_model_len of 1, which refused every prompt as too long
+    body = f'{{"object": "list", "data": [{{"id": "tiny", "max_model_len": {length}}}]}}'.encode()
+    with RunningEngine(FakeEngine(models_body=body)) as engine:
+        assert _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"}) == {"answer": "echo: Q: hi"}
+
+
+def test_a_models_list_over_the_body_limit_is_a_502_at_load(tmp_path: Path) -> None:
+    from usg.backends.engine_http import MAX_BODY_BYTES
+
+    # before: read whole at start-up however large (the first request's read was bounded already)
+    body = b'{"data": [' + b" " * MAX_BODY_BYTES + b"]}"
+    with (
+        RunningEngine(FakeEngine(models_body=body)) as engine,
+        pytest.raises(BackendError, match=f"over {MAX_BODY_BYTES} bytes for GET /v1/models") as info,
+    ):
+        _ask(_graph(tmp_path, f"url: '{engine.url}'"), {"question": "hi"})
+    assert info.value.status == 502
+
+
+@pytest.mark.parametrize("endpoint_stream", ["false", "true"])
+def test_a_whole_answer_through_httpx_is_bounded_as_through_usgs_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint_stream: str
+) -> None:
+    # An engine behind an HTTP proxy (or at https://) is read with httpx. Before, its whole answers
+    # (a completion, an error, a JSON answer to a stream request) were read however large: a 300 MB
+    # completion grew usg serve by 900 MB; usg's own client stops at MAX_BODY_BYTES.
+    from usg.backends.engine_http import MAX_BODY_BYTES
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    huge = b'{"choices": [{"message": {"content": "' + b"x" * MAX_BODY_BYTES + b'"}}]}'
+    with RunningEngine(FakeEngine(faults=[(200, {}, huge)])) as engine:
+        monkeypatch.setenv("HTTP_PROXY", engine.url)  # the "proxy" is the engine: only httpx reaches it
+        options = f"url: 'http://engine.invalid:9', model: tiny, engine_stream: {endpoint_stream}"
+        with pytest.raises(BackendError, match=f"over {MAX_BODY_BYTES} bytes") as info:
+            _ask(_graph(tmp_path, options), {"question": "hi"})
+        assert info.value.status == 502
+        assert _ask(_graph(tmp_path, options), {"question": "hi"}) == {"answer": "echo: Q: hi"}

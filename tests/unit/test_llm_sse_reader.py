@@ -65,6 +65,28 @@ def test_a_line_longer_than_the_limit_is_refused() -> None:
         decoder.feed(b"x" * (MAX_LINE_BYTES // 2 + 16))
 
 
+def test_an_event_whose_data_lines_never_end_is_refused() -> None:
+    # before: each "data:" line was kept until a blank line ended the event, so an engine that never
+    # sent one grew usg serve by ~330 MB/s (13 GB before the request's 60 s deadline)
+    decoder = SSEDecoder("w")
+    line = b"data: " + b"x" * 1000 + b"\n"
+    for _ in range(MAX_LINE_BYTES // len(line)):
+        decoder.feed(line)
+    with pytest.raises(BackendError, match=f"an event over {MAX_LINE_BYTES} bytes") as info:
+        for _ in range(2):
+            decoder.feed(line * 64)
+    assert info.value.status == 502
+    assert SSEDecoder("w").feed(b"data: a\n" * 1000 + b"\n") == ["\n".join(["a"] * 1000)]  # many short lines: one event
+
+
+def test_a_chunk_nested_past_the_parser_is_a_malformed_chunk() -> None:
+    # before: json's RecursionError escaped: a 500 "internal error (RecursionError)" and a traceback
+    for data in (b"[" * 100_000, b'{"choices": [{"delta": {"content": ' + b"[" * 100_000):
+        with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\)") as info:
+            _read([b"data: " + data + b"\n\n"])
+        assert info.value.status == 502
+
+
 def test_malformed_and_error_chunks() -> None:
     with pytest.raises(BackendError, match=r"malformed stream chunk \(not JSON\): '\{nope'"):
         _read([b"data: {nope\n\n"])
@@ -85,6 +107,35 @@ def test_an_engine_that_ignores_max_tokens_is_cut_off() -> None:
     with pytest.raises(BackendError, match="max_tokens") as err:
         reader.feed(token)
     assert err.value.status == 502 and f"{reader.max_deltas + 1} token deltas" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "filler",
+    [
+        f"data: {_chunk()}\n\n".encode(),  # empty deltas
+        b": keep-alive\n\n",  # comments
+        b"\n",  # blank lines
+    ],
+    ids=["empty-deltas", "comments", "blank-lines"],
+)
+def test_an_engine_that_streams_nothing_forever_is_cut_off(filler: bytes) -> None:
+    # before: lines without text were not counted, so such a stream ran (a core busy parsing it)
+    # until the request's deadline
+    reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=8)
+    with pytest.raises(BackendError, match=f"{reader.max_lines} lines") as err:
+        for _ in range(reader.max_lines + 1):
+            reader.feed(filler)
+    assert err.value.status == 502 and "max_tokens" in str(err.value)
+
+
+def test_a_full_answer_with_every_kind_of_line_is_within_the_line_bound() -> None:
+    reader = ChatStreamReader(CallRecorder("m", "http://e"), "model 'llm'", max_tokens=8)
+    event = f": keep-alive\r\n\r\nevent: message\r\nid: 1\r\ndata: {_chunk('tok')}\r\n\r\n".encode()
+    reader.feed(f"data: {_chunk()}\n\n".encode())  # the role chunk
+    for _ in range(8):
+        reader.feed(event)
+    reader.feed(f"data: {_chunk(finish='length')}\n\ndata: [DONE]\n\n".encode())
+    assert reader.finish() == "tok" * 8
 
 
 def test_a_huge_delta_is_cut_off_by_characters() -> None:

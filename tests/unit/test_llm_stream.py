@@ -248,6 +248,15 @@ def test_v1_stream_errors_before_and_after_the_first_event(served: tuple[Streami
     assert "nope" in refused.json()["message"]
     bad_flag = httpx.post(f"{app.url}/v1/infer", json={"inputs": {"question": "q"}, "stream": "yes"}, timeout=30)
     assert bad_flag.status_code == 400 and bad_flag.json()["field"] == "stream"
+    # before: a query value other than 1/true/yes was read as false, without a word (the answer came whole)
+    for query in ("stream=maybe", "stream=", "stream=1&stream=0"):
+        bad_query = httpx.post(f"{app.url}/v1/infer?{query}", files={"question": (None, "q")}, timeout=30)
+        assert bad_query.status_code == 400, (query, bad_query.text)
+        assert bad_query.json()["field"] == "stream" and "?stream=true" in bad_query.json()["fix"]
+    for query, streamed in (("stream=TRUE", True), ("stream=0", False), ("stream=no", False)):
+        answer = httpx.post(f"{app.url}/v1/infer?{query}", files={"question": (None, "q")}, timeout=30)
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream") is streamed, query
     engine.faults.append((400, {}, {"error": {"message": "max_tokens is too large"}}))
     with httpx.stream(
         "POST", f"{app.url}/v1/infer", json={"inputs": {"question": "q"}, "stream": True}, timeout=30

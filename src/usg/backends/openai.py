@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import os
 import re
@@ -41,6 +42,7 @@ from typing import Any
 from usg.backends import openai_api
 from usg.backends.base import Backend, BackendState
 from usg.backends.engine_http import (
+    MAX_BODY_BYTES,
     EngineClient,
     EngineProtocolError,
     EngineResponse,
@@ -60,6 +62,7 @@ from usg.errors import (
     BackendError,
     GraphError,
     GraphProblem,
+    Overloaded,
     RequestTimeout,
     StateError,
     USGError,
@@ -116,7 +119,7 @@ def _retry_after(headers: Mapping[str, str], attempt: int) -> float:
 def _engine_message(resp: Any) -> str:
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser
         return resp.text[:500]
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
@@ -148,6 +151,38 @@ def _expand(value: Any, where: str) -> str:
             [GraphProblem(where, f"{value!r} names {', '.join(missing)}, which is not set", f"export {missing[0]}=...")]
         )
     return text
+
+
+def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries of a ``GET /v1/models`` answer, or what is wrong with it (``"not JSON"``, ...)."""
+    try:
+        doc = resp.json()
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; RecursionError: nested past the parser
+        return [], "not JSON"
+    if not isinstance(doc, dict):
+        return [], f"a {type(doc).__name__}, not an object with a data list"
+    data = doc.get("data")
+    if not isinstance(data, list):
+        return [], "no data list" if data is None else f"data is a {type(data).__name__}, not a list"
+    for i, m in enumerate(data):
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not m["id"]:
+            return [], f"data[{i}] has an id that is not a string ({str(m)[:40]})"
+    return data, None
+
+
+class _Whole:
+    """A response read whole through httpx by :meth:`OpenAIBackend._read_whole` (what the backend
+    reads of one: status, headers, the body as bytes, text and JSON)."""
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class _Retry(Exception):
@@ -230,7 +265,18 @@ class OpenAIBackend(Backend):
         httpx = _httpx()
         try:
             with httpx.Client(timeout=min(self.timeout_s, 10.0), headers=self._headers()) as client:
-                self._use_models(client.get(f"{self.url}/v1/models"))
+                with client.stream("GET", f"{self.url}/v1/models") as resp:
+                    body = bytearray()
+                    for piece in resp.iter_bytes():  # as much as the engine client takes (engine_http)
+                        body += piece
+                        if len(body) > MAX_BODY_BYTES:
+                            raise self._bad_gateway(
+                                EngineProtocolError(
+                                    f"the engine at {self.url} sent a body over {MAX_BODY_BYTES} bytes for "
+                                    "GET /v1/models; fix: check what listens at options.url"
+                                )
+                            )
+                self._use_models(httpx.Response(resp.status_code, content=bytes(body)))
         except httpx.TransportError:
             pass
         self.state = BackendState.LOADED
@@ -241,7 +287,18 @@ class OpenAIBackend(Backend):
                 self._discovered = True
                 return
             raise self._engine_error(resp, "GET /v1/models")
-        listed = [m for m in resp.json().get("data", []) if isinstance(m, dict) and m.get("id")]
+        listed, problem = _model_list(resp)
+        if problem is not None:
+            if self.model is not None:  # the list is not needed: the declared options stand
+                self._discovered = True
+                return
+            err = BackendError(
+                f"model {self.name!r}: the engine at {self.url} answered GET /v1/models with {problem}, "
+                f"not an OpenAI model list ({resp.text[:40]!r}); fix: check that options.url is the engine's "
+                "address, or set options.model (then the list is not needed)"
+            )
+            err.status = 502
+            raise err
         if self.model is None:
             if len(listed) != 1:
                 ids = [str(m["id"]) for m in listed]
@@ -252,8 +309,10 @@ class OpenAIBackend(Backend):
             self.model = str(listed[0]["id"])
         if self.max_model_len is None:
             for m in listed:
-                if m["id"] == self.model and m.get("max_model_len"):
-                    self.max_model_len = int(m["max_model_len"])
+                length = m.get("max_model_len")
+                # only a positive integer: it bounds every prompt (true would be read as 1 and refuse them all)
+                if m["id"] == self.model and type(length) is int and length > 0:
+                    self.max_model_len = length
         self._discovered = True
 
     def _down(self, exc: Exception) -> StateError:
@@ -269,11 +328,24 @@ class OpenAIBackend(Backend):
         err.status = 502
         return err
 
-    def _engine_error(self, resp: Any, what: str) -> BackendError:
-        err = BackendError(
+    def _engine_error(self, resp: Any, what: str) -> USGError:
+        """The engine's error answer, with its status: :class:`Overloaded` (with the engine's
+        ``Retry-After``, for the client) when it is busy (429/503) and the retries ran out."""
+        message = (
             f"model {self.name!r}: the engine at {self.url} answered {what} with HTTP {resp.status_code}: "
             f"{_engine_message(resp)}"
         )
+        err: USGError
+        if resp.status_code in _RETRY_STATUS:
+            wait = _retry_after(resp.headers, 1)  # its Retry-After (at most 30 s), else 1 s
+            err = Overloaded(
+                f"{message}; fix: retry after {wait:g} s (the engine is at capacity: give it more, or raise "
+                f"options.retries, {self.retries} now, to wait for it longer)",
+                retry_after=wait,
+                why="engine",
+            )
+        else:
+            err = BackendError(message)
         err.status = int(resp.status_code)
         return err
 
@@ -324,7 +396,7 @@ class OpenAIBackend(Backend):
             async with self._discovery:  # the first requests ask once, not once each
                 if not self._discovered:
                     try:
-                        self._use_models(await client.get(f"{self.url}/v1/models", headers=self._headers()))
+                        self._use_models(await self._request_whole(client, "GET", f"{self.url}/v1/models"))
                     except EngineProtocolError as exc:
                         raise self._bad_gateway(exc) from None
                     except _transport_errors() as exc:
@@ -405,13 +477,13 @@ class OpenAIBackend(Backend):
             async with client.stream("POST", f"{self.url}{path}", json=body, headers=self._headers()) as resp:
                 call.answered(resp.status_code, resp.headers)
                 if resp.status_code >= 400:
-                    await resp.aread()
+                    whole = await self._read_whole(resp)
                     if resp.status_code in _RETRY_STATUS and attempt < self.retries:
                         raise _Retry(_retry_after(resp.headers, attempt))
-                    raise self._engine_error(resp, f"POST {path}")
+                    raise self._engine_error(whole, f"POST {path}")
                 if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    await resp.aread()  # an engine that answers a stream request with one JSON completion
-                    text, doc = self._answer(resp)
+                    # an engine that answers a stream request with one JSON completion
+                    text, doc = self._answer(await self._read_whole(resp))
                     call.chunk(doc)
                     if on_token is not None and text:
                         on_token(text)
@@ -438,7 +510,7 @@ class OpenAIBackend(Backend):
         url = f"{self.url}{openai_api.ENDPOINTS[self.endpoint]}"
         for attempt in range(self.retries + 1):
             try:
-                resp = await client.post(url, json=body, headers=self._headers())
+                resp = await self._request_whole(client, "POST", url, body)
             except _timeouts():
                 raise RequestTimeout(
                     f"model {self.name!r}: the engine at {self.url} did not answer within {self.timeout_s:g} s; "
@@ -456,17 +528,62 @@ class OpenAIBackend(Backend):
             return resp
         raise AssertionError("unreachable")
 
-    def _answer(self, resp: Any) -> tuple[str, Any]:
-        """The completion's text, and its JSON document (parsed once)."""
+    async def _request_whole(self, client: Any, method: str, url: str, body: Any = None) -> Any:
+        """One request whose answer is read whole, within :data:`MAX_BODY_BYTES` and ``timeout_s``:
+        :class:`EngineClient` bounds it itself; httpx (an https engine, or one behind a proxy) reads
+        whole bodies however large, so its answer is streamed into :meth:`_read_whole`."""
+        if isinstance(client, EngineClient):
+            return await client.request(method, url, json=body, headers=self._headers())
+        async with client.stream(method, url, json=body, headers=self._headers()) as resp:
+            return await self._read_whole(resp)
+
+    async def _read_whole(self, resp: Any) -> Any:
+        """The body of a response (an :class:`EngineResponse` or httpx's) read whole, at most
+        :data:`MAX_BODY_BYTES` (httpx's decoded bytes: a compressed body is bounded as it inflates)
+        within ``timeout_s`` in total: :class:`EngineProtocolError` / :class:`EngineTimeout` past them."""
+        if isinstance(resp, EngineResponse):
+            await resp.aread()
+            return resp
+        body = bytearray()
         try:
-            doc = resp.json()
-            return openai_api.answer_text(self.endpoint, doc), doc
-        except (ValueError, KeyError, IndexError, TypeError):
-            field = "choices[0].message.content" if self.endpoint == "chat" else "choices[0].text"
-            raise BackendError(
-                f"model {self.name!r}: the engine at {self.url} sent a completion without "
-                f"{field}: {resp.text[:300]!r}; fix: check that it speaks the OpenAI API"
-            ) from None
+            async with asyncio.timeout(self.timeout_s):
+                async for piece in resp.aiter_bytes():
+                    body += piece
+                    if len(body) > MAX_BODY_BYTES:
+                        raise EngineProtocolError(
+                            f"the engine at {self.url} sent a body over {MAX_BODY_BYTES} bytes "
+                            f"(HTTP {resp.status_code}); fix: check what listens at options.url, or lower max_tokens"
+                        )
+        except TimeoutError:
+            raise EngineTimeout(f"the body from the engine at {self.url} took over {self.timeout_s:g} s") from None
+        return _Whole(resp.status_code, resp.headers, bytes(body))
+
+    def _answer(self, resp: Any) -> tuple[str, Any]:
+        """The completion's text, and its JSON document (parsed once). Bytes that are not UTF-8 are
+        replaced (U+FFFD), as in a streamed answer; an answer that is no completion is a 502."""
+        if 300 <= resp.status_code < 400:  # neither client follows redirects: a POST must not be re-sent blindly
+            where = resp.headers.get("location", "?")
+            err = BackendError(
+                f"model {self.name!r}: the engine at {self.url} answered HTTP {resp.status_code}, a redirect to "
+                f"{where[:200]}, which is not followed; fix: point options.url at the address it redirects to"
+            )
+            err.status = 502
+            raise err
+        try:
+            doc = json.loads(resp.content.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser
+            why = "that is not JSON"
+        else:
+            try:
+                return openai_api.answer_text(self.endpoint, doc), doc
+            except (KeyError, IndexError, TypeError):
+                why = "without " + ("choices[0].message.content" if self.endpoint == "chat" else "choices[0].text")
+        err = BackendError(
+            f"model {self.name!r}: the engine at {self.url} sent a completion {why} ({resp.text[:80]!r}); "
+            "fix: check that options.url is the engine's OpenAI-compatible address"
+        )
+        err.status = 502  # the engine broke the protocol: a bad gateway, not a fault of usg serve's
+        raise err
 
     def infer(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """One item from a worker thread (the executor awaits :meth:`ainfer` instead)."""

@@ -103,19 +103,24 @@ class CallRecorder:
 class SSEDecoder:
     """Server-Sent Events from a byte stream fed piece by piece: :meth:`feed` returns the ``data``
     of each event it completed (lines joined with newlines), :meth:`end` checks what is left at
-    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`;
-    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a
-    malformed stream (a :class:`BackendError` with HTTP 502)."""
+    the end of the stream. Lines end with ``\\n`` or ``\\r\\n``, each at most :data:`MAX_LINE_BYTES`,
+    and so is the data of one event (its ``data:`` lines, held until a blank line ends it);
+    comments, ``event:``, ``id:`` and ``retry:`` fields are skipped; any other line is a malformed
+    stream (a :class:`BackendError` with HTTP 502)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self._rest = b""
         self._data: list[str] = []
+        self._size = 0  # bytes of the lines in _data
+        #: lines read so far (events, comments, blank lines: what the reader bounds)
+        self.lines = 0
 
     def feed(self, chunk: bytes) -> list[str]:
         buf = self._rest + chunk if self._rest else chunk
         lines = buf.split(b"\n")
         self._rest = lines.pop()
+        self.lines += len(lines)
         if len(self._rest) > MAX_LINE_BYTES:
             raise _bad_stream(
                 f"{self.where}: the engine sent a line longer than {MAX_LINE_BYTES} bytes, not an SSE stream"
@@ -124,10 +129,18 @@ class SSEDecoder:
         for raw in lines:
             if raw.startswith(b"data: ") and not raw.endswith(b"\r"):  # the usual line, quickly
                 self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                self._size += len(raw)
             elif not raw and len(self._data) == 1:  # the usual end of an event
                 out.append(self._data.pop())
+                self._size = 0
             else:
                 self._line(raw, out)
+        if self._size > MAX_LINE_BYTES:  # an event still open (one feed is one read: at most one read over)
+            raise _bad_stream(
+                f"{self.where}: the engine sent an event over {MAX_LINE_BYTES} bytes (data: lines, no blank line "
+                "ending it); fix: check that the engine speaks the OpenAI streaming API (or set "
+                "options.engine_stream: false)"
+            )
         return out
 
     def end(self) -> None:
@@ -147,12 +160,14 @@ class SSEDecoder:
             if self._data:
                 out.append("\n".join(self._data))
                 self._data = []
+                self._size = 0
             return
         field, sep, value = line.partition(":")
         if field == "":
             return  # a comment (keep-alive)
         if field == "data":
             self._data.append(value[1:] if value.startswith(" ") else value)
+            self._size += len(raw)
         elif field not in ("event", "id", "retry") or not sep:
             raise _bad_stream(
                 f"{self.where}: the engine's stream has a line that is not a Server-Sent Event field: {line[:200]!r}; "
@@ -210,10 +225,13 @@ class ChatStreamReader:
         self._decoder = SSEDecoder(where)
         self._parts: list[str] = []
         # the answer's memory is bounded before it grows: an engine that ignores max_tokens (or
-        # streams forever) is cut off at twice as many deltas and 1 KiB of text a token
+        # streams forever) is cut off at twice as many deltas and 1 KiB of text a token; and its
+        # time: at 16 lines a token (a token's event is 2 to 4 lines, with event: and id:), so
+        # empty deltas, comments or blank lines streamed in a loop do not run until the deadline
         budget = max_tokens if max_tokens is not None and max_tokens > 0 else DEFAULT_MAX_TOKENS
         self.max_deltas = 2 * budget + 16
         self.max_chars = 1024 * budget + 65536
+        self.max_lines = 16 * budget + 256
         self._chars = 0
 
     def feed(self, chunk: bytes) -> list[str]:
@@ -221,7 +239,14 @@ class ChatStreamReader:
         if self.done:
             return new
         call = self.call
-        for data in self._decoder.feed(chunk):
+        decoded = self._decoder.feed(chunk)
+        if self._decoder.lines > self.max_lines:
+            raise _bad_stream(
+                f"{self.where}: the engine streamed over {self.max_lines} lines ({call.deltas} token deltas), "
+                "past what max_tokens allows; fix: check that the engine honours max_tokens (it may be sending "
+                "empty chunks or keep-alives in a loop)"
+            )
+        for data in decoded:
             if data == "[DONE]" or data.strip() == "[DONE]":
                 self.done = True
                 break
@@ -292,7 +317,7 @@ def _json(data: str) -> Any:
         doc, end = _scan_json(data, 0)
         if end == len(data):
             return doc
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         pass
     return json.loads(data)  # whitespace around the value, or the error to raise
 
@@ -303,7 +328,7 @@ def _usual_chunk_text(data: str, call: CallRecorder) -> str | None:
     :func:`_chunk_text` decides). Runs once per token, so it is kept flat."""
     try:
         doc, end = _scan_json(data, 0)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         return None
     if end != len(data) or type(doc) is not dict or "error" in doc:
         return None
@@ -331,7 +356,7 @@ def _chunk_text(data: str, call: CallRecorder, where: str) -> str:
     """The content delta of one ``data:`` (usage, finish reason and id noted on ``call``)."""
     try:
         doc = _json(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser
         raise _malformed(where, data, "not JSON") from None
     if not isinstance(doc, dict):
         raise _malformed(where, data, "not a JSON object")

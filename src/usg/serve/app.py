@@ -17,10 +17,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from usg.backends import Backend
-from usg.errors import StateError
+from usg.errors import StateError, USGError
 from usg.graph import Graph
 from usg.runtime import Executor
 from usg.runtime.executor import ExecutorState
@@ -42,11 +42,27 @@ __all__ = ["ServeConfig", "ServeContext", "ServeState", "create_app"]
 class _App(Starlette):
     """Starlette that notes in the scope the ``send`` it was given (:data:`usg.serve.sse.RAW_SEND`):
     an event stream's body goes through it, past the error layers inside (they only watch the
-    response's start)."""
+    response's start). A start-up that failed with a USG error (a model that cannot load: its
+    message names the fix) is reported as that message, not as the lifespan's traceback."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            send = _startup_failure_as_message(send, self.state.usg)
         scope[RAW_SEND] = send
         await super().__call__(scope, receive, send)
+
+
+def _startup_failure_as_message(send: Send, ctx: ServeContext) -> Send:
+    """``send`` with a ``lifespan.startup.failed`` caused by a :class:`USGError` carrying its message
+    (what the server prints) instead of Starlette's traceback; other failures keep the traceback."""
+
+    async def clean(message: Message) -> None:
+        if message["type"] == "lifespan.startup.failed" and ctx.startup_error is not None:
+            err = ctx.startup_error
+            message = {**message, "message": f"cannot start: {type(err).__name__}: {err}"}
+        await send(message)
+
+    return clean
 
 
 def create_app(
@@ -102,7 +118,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await ctx.startup()
+        try:
+            await ctx.startup()
+        except USGError as exc:  # reported as its message (_App)
+            ctx.startup_error = exc
+            raise
         try:
             yield
         finally:

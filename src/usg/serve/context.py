@@ -5,7 +5,8 @@ in ``DRAINING`` new inference requests get 503 ``draining`` (with ``Connection: 
 while accepted ones finish. An inference request is admitted in this order, each step
 refusing before the next one costs anything: state (503), API key (401), declared body size
 (413), a free in-flight slot (429, none taken yet), the body received within the body
-timeout and the receive budget (408 / 429), then the in-flight slot is taken and the work runs.
+timeout and the receive budget (408 / 429), then the in-flight slot is taken and the work runs,
+cancelled if the client closes its connection before its answer (499, :class:`ClientGone`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from usg.graph import Graph
 from usg.runtime import Executor, InferResult
 from usg.runtime.events import ExecutionEvent, stream_event_batches
 from usg.runtime.executor import ExecutorState
-from usg.serve.errors import DrainingError, InternalError, Unauthorized, rejection_reason
+from usg.serve.errors import ClientGone, DrainingError, InternalError, Unauthorized, rejection_reason
 from usg.serve.limits import BodyBudget, InflightGate, RequestLimits, check_content_length, declared_length, read_body
 from usg.serve.metrics import ServeMetrics
 from usg.serve.sse import EventStreamResponse
@@ -58,6 +59,34 @@ def new_request_id() -> str:
     session 15)."""
     n = int.from_bytes(os.urandom(16), "big") & _V4 | (0x4000 << 64) | (0x8000 << 48)
     return f"{n:032x}"
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``, cancelled (:class:`ClientGone`) if the client closes its connection first: an answer
+    nobody reads must not keep the request's slot, its place in the batch queues, or an engine
+    generating for it. The body was read, so the next ASGI message is the disconnect; a watcher task
+    waits for it (a few µs a request) and cancels this one."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientGone("the client closed its connection before its answer; the request was cancelled") from None
+    finally:
+        watcher.cancel()
 
 
 class ServeState(enum.StrEnum):
@@ -114,6 +143,8 @@ class ServeContext:
         # bodies being received may reserve as much as the in-flight requests may hold
         self.receiving = BodyBudget(config.max_inflight * self.limits.max_body_bytes, retry_after=config.retry_after_s)
         self.state = ServeState.STARTING
+        #: why the start-up failed, when a USG error said it (printed as its message, no traceback)
+        self.startup_error: USGError | None = None
         self.started_at = time.time()
         self.addons: list[ServeAddon] = []  # usg.monitor: drift monitor, trace file
         self.sessions: SessionManager | None = None  # streaming sessions (usg.serve.stream_ws)
@@ -269,7 +300,7 @@ class ServeContext:
                 scope = self.tracing.remote_parent(request.headers) if self.tracing else contextlib.nullcontext()
                 with scope:
                     try:
-                        response = await work(request, rid, body)
+                        response = await _unless_client_leaves(request, work(request, rid, body))
                     except USGError:
                         raise
                     except Exception as exc:

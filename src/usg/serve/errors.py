@@ -24,6 +24,7 @@ from usg.serve.decode import safe_text
 
 __all__ = [
     "BodyTimeout",
+    "ClientGone",
     "DrainingError",
     "Formatter",
     "InternalError",
@@ -67,6 +68,15 @@ class BodyTimeout(USGError):
 
     status = 408
     reason = "body_timeout"
+
+
+class ClientGone(USGError):
+    """The client closed its connection before its answer: the request was cancelled (its engine
+    requests closed, its slot freed). Nobody reads the answer; 499 is what the access log and the
+    metrics count (nginx's "client closed request")."""
+
+    status = 499
+    reason = "client_closed"
 
 
 class InternalError(USGError):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import math
 import socket
@@ -56,7 +57,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     _missing = "grpcio" if _exc.name in (None, "grpc") else _exc.name.split(".")[0]
     raise MissingDependency(_missing, "grpc", "usg serve --grpc-port") from None
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from usg import __version__
 from usg.serve.app import ServeState
@@ -138,6 +139,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             ["method", "code"],
             registry=ctx.metrics.registry,
         )
+        Gauge(
+            "usg_grpc_streams",
+            "ModelStreamInfer streams open (each holds a gRPC call slot; at most half of them).",
+            registry=ctx.metrics.registry,
+        ).set_function(lambda: float(self.streams))
 
     # -- health (open) and metadata (behind the API key, if any) ------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -272,9 +278,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         replies: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         window = asyncio.Semaphore(self.ctx.config.max_inflight)  # bounds replies waiting to be sent
         tasks: set[asyncio.Task[None]] = set()
+        # the stream's x-request-id, numbered per message (its messages run at once: one id each)
+        base = metadata.get("x-request-id")
+        count = itertools.count(1)
 
         async def answer(request: pb.ModelInferRequest) -> None:
-            rid = new_request_id()
+            rid = f"{base}.{next(count)}" if base else new_request_id()
             try:
                 reply = pb.ModelStreamInferResponse(infer_response=await self._infer(request, rid, metadata))
                 self._count("ModelStreamInfer", None)

@@ -6,6 +6,11 @@
 * **Slow clients**: a connection must deliver a request's complete headers within
   ``header_timeout_s`` of connecting (or of sending the first byte after a response), else
   it is closed (a WebSocket handshake's timer ends with the upgrade: the session is not cut);
+* **Large heads**: a request head (request line and headers) that passes
+  :data:`MAX_REQUEST_HEAD_BYTES` before it ends is answered 431 (a JSON body naming the limit)
+  and the connection closed. httptools sets no limit of its own: the head was kept whole until it
+  ended or the header timeout passed (one client sent 3 GB of headers in 4 s, before any
+  authentication, and the server's memory grew by as much);
   an idle keep-alive connection is closed after ``keepalive_timeout_s``
   (uvicorn's own timer); bodies have the app's body timeout (:mod:`usg.serve.context`).
 * **Reset connections**: a connection the client resets (or that fails) while idle in keep-alive
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import socket
 import struct
 import time
@@ -44,7 +50,12 @@ from usg.runtime.heap import freeze_startup_heap
 from usg.serve.context import ServeContext
 from usg.stream.wire import MAX_HEADER_BYTES
 
-__all__ = ["PortInUse", "UsgServer", "hold_port", "uvicorn_config"]
+__all__ = ["MAX_REQUEST_HEAD_BYTES", "PortInUse", "UsgServer", "hold_port", "uvicorn_config"]
+
+#: longest request head (request line and headers) taken from a client; longer ones get 431
+MAX_REQUEST_HEAD_BYTES = 64 * 1024
+#: how long a connection refused for its head is still read (and what comes dropped) before it closes
+_LINGER_S = 2.0
 
 
 class PortInUse(USGError):
@@ -105,6 +116,10 @@ class _JoinedWrites:
         self._flush()
         self._transport.close()
 
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._flush()
         self._through = True
@@ -164,11 +179,17 @@ def _ws_protocol_class(send_timeout_s: float) -> Any:
 
 
 def _protocol_class(
-    header_timeout_s: float, send_timeout_s: float, http: type[asyncio.Protocol] = AutoHTTPProtocol
+    header_timeout_s: float,
+    send_timeout_s: float,
+    http: type[asyncio.Protocol] = AutoHTTPProtocol,
+    max_head_bytes: int = MAX_REQUEST_HEAD_BYTES,
 ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``http`` (httptools', else h11's) with a deadline for a request's
-    headers, the send deadline, and its keep-alive timer cancelled however the connection ends."""
+    headers, a bound on their size (httptools'), the send deadline, and its keep-alive timer
+    cancelled however the connection ends."""
     base: Any = _with_send_deadline(http, send_timeout_s)
+    if not hasattr(http, "on_headers_complete"):  # h11's protocol: h11 bounds a head itself (16 KiB)
+        max_head_bytes = 1 << 62
 
     class HeaderTimeoutProtocol(base):
         # One timer per connection, not one per request: a request's first bytes note the time
@@ -207,11 +228,64 @@ def _protocol_class(
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._usg_refused:
+                return  # the rest of a refused head: read and dropped until the connection closes
             if self._idle():
                 self._arm()  # first bytes of a request: its headers must complete in time
+            if self._usg_head_open:
+                self._usg_head_bytes += len(data)
             super().data_received(data)
             if not self._idle():
                 self._disarm()
+            if self._usg_head_open and self._usg_head_bytes > max_head_bytes and not self.transport.is_closing():
+                self._usg_head_too_large()
+
+        # The bytes of a request head not complete yet (the parser's callbacks say where heads
+        # begin and end; a pipelined request's head counts too): at most one read past the limit
+        # is parsed before the 431. Only httptools' protocol has these callbacks; h11 limits heads itself.
+        _usg_head_open = True
+        _usg_head_bytes = 0
+        _usg_refused = False
+
+        def on_headers_complete(self) -> None:
+            self._usg_head_open = False
+            self._usg_head_bytes = 0
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._usg_head_open = True  # what follows on this connection is the next request's head
+
+        def _usg_head_too_large(self) -> None:
+            uvicorn_logger.warning(
+                "a request head passed %d bytes (%d received before its end); answered 431 and closed",
+                max_head_bytes,
+                self._usg_head_bytes,
+            )
+            body = json.dumps(
+                {
+                    "error": "header_too_large",
+                    "message": f"the request head (request line and headers) passed {max_head_bytes} bytes "
+                    f"({self._usg_head_bytes} received before its end)",
+                    "fix": "send a shorter URL and fewer or smaller headers (cookies, tokens); "
+                    f"heads over {max_head_bytes // 1024} KiB are refused",
+                }
+            ).encode()
+            head = (
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            )
+            self._usg_cancel()
+            self._usg_refused = True
+            if not self._idle():  # a pipelined request is still being answered: no answer to put first
+                self.transport.close()
+                return
+            # the answer, then a lingering close: the rest the client is still sending is read and
+            # dropped for a moment, since closing with unread bytes resets the connection, and a
+            # reset can discard the answer before the client reads it
+            self.transport.write(head + body)
+            self.transport.write_eof()
+            self.loop.call_later(_LINGER_S, self.transport.close)
 
         def _usg_cancel(self) -> None:
             if self._usg_timer is not None:

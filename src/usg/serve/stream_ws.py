@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any
 
+from prometheus_client import Gauge
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -122,6 +123,11 @@ def stream_routes(ctx: ServeContext) -> list[WebSocketRoute]:
     """The ``/v1/stream/{graph}`` route; its :class:`SessionManager` is ``ctx.sessions``."""
     manager = SessionManager(ctx.executor, ctx.config.stream)
     ctx.sessions = manager
+    Gauge(
+        "usg_stream_sessions",
+        "Streaming sessions open (WS /v1/stream/{graph}; at most --stream-limit max_sessions).",
+        registry=ctx.metrics.registry,
+    ).set_function(lambda: float(len(manager.sessions)))
 
     async def endpoint(ws: WebSocket) -> None:
         await ws.accept()

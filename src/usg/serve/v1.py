@@ -251,6 +251,22 @@ async def parse_request(
         return await parse_form_inputs(ctx.graph, request, body, expected)
 
 
+_QUERY_FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _stream_query(values: list[str]) -> bool:
+    """``?stream=``: one of 1/true/yes or 0/false/no (any case), once."""
+    flag = _QUERY_FLAGS.get(values[0].strip().lower()) if len(values) == 1 else None
+    if flag is None:
+        given = "&".join(f"stream={v}" for v in values)
+        raise InputError(
+            f"?{given[:100]} is not one stream flag (true or false)",
+            field="stream",
+            fix="send ?stream=true for Server-Sent Events, or ?stream=false (or no stream) for one whole answer",
+        )
+    return flag
+
+
 def routes(ctx: ServeContext, prefix: str = "") -> list[Route]:
     """The ``/v1`` routes, their paths under ``prefix`` (in an app with the v1 error formatter)."""
 
@@ -258,7 +274,7 @@ def routes(ctx: ServeContext, prefix: str = "") -> list[Route]:
         expected: dict[str, str] = {}
         flags: dict[str, Any] = {}
         if request.scope.get("query_string") and "stream" in request.query_params:
-            flags["stream"] = request.query_params["stream"].lower() in ("1", "true", "yes")
+            flags["stream"] = _stream_query(request.query_params.getlist("stream"))
         raw = await parse_request(ctx, request, body, expected, flags)
         stream = flags.get("stream", False)
         if not isinstance(stream, bool):
