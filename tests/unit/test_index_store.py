@@ -133,6 +133,8 @@ def test_shards_per_collection_are_searched_together_and_separately(tmp_path: Pa
         idx.search(other[2], encoder_digest=DIGEST, collections=["nope"])
     with pytest.raises(UsageError, match=r"collection name '../x' is not allowed"):
         idx.shard("../x", create=True)
+    with pytest.raises(UsageError, match=r"collection name 'one\\n' is not allowed"):  # `$` matched before a newline
+        idx.shard("one\n", create=True)
 
 
 def test_replace_and_remove_documents(tmp_path: Path) -> None:
