@@ -229,3 +229,15 @@ def test_tune_and_profile_take_the_samples_usg_init_wrote(tmp_path, capsys):
     assert code == 0, err
     profile = json.loads((tmp_path / "p.json").read_text())
     assert profile["count"] == 1 and profile["failed"] == []  # a.npy and b.npy are one request
+
+
+def test_a_string_input_is_bounded_by_its_bytes_not_only_its_values(tmp_path, capsys):
+    """A STRING [8192, 8192] input is 2**26 values (the cap) of 76 bytes each: the sample took 4.75 GiB."""
+    s = helper.make_tensor_value_info("s", TensorProto.STRING, [8192, 8192])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, [8192, 8192])
+    model = _save(tmp_path / "str.onnx", [helper.make_node("Identity", ["s"], ["y"])], [s], [y])
+    code, _, err = run_cli(["init", str(model), "--name", "big", "--dir", str(tmp_path / "g")], capsys)
+    text = " ".join(err.split())
+    assert code != 0 and "model input 's' declares the shape [8192, 8192]" in text
+    assert "(4.8 GiB), past the 67,108,864 values or 512 MiB" in text and "fix:" in text
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
