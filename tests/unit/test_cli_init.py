@@ -241,3 +241,15 @@ def test_a_string_input_is_bounded_by_its_bytes_not_only_its_values(tmp_path, ca
     assert code != 0 and "model input 's' declares the shape [8192, 8192]" in text
     assert "(4.8 GiB), past the 67,108,864 values or 512 MiB" in text and "fix:" in text
     assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (0,), (2, 0)])
+def test_usg_run_prints_an_empty_array_output(shape, capsys):
+    """A detector's boxes for an image with no detections, float32[0, 4]: printing it failed (reshape of an
+    empty array to (0, -1)), an internal error after the request ran."""
+    from usg.cli.run_cmd import _render
+    from usg.runtime import InferResult
+
+    _render(InferResult({"boxes": np.zeros(shape, np.float32)}))
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"boxes: float32{list(shape)}" in out and "‖row0‖=0.0000" in out
