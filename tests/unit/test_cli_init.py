@@ -253,3 +253,12 @@ def test_usg_run_prints_an_empty_array_output(shape, capsys):
     _render(InferResult({"boxes": np.zeros(shape, np.float32)}))
     out = " ".join(capsys.readouterr().out.split())
     assert f"boxes: float32{list(shape)}" in out and "‖row0‖=0.0000" in out
+
+
+def test_usg_run_prints_lines_whose_box_is_four_numbers(capsys):
+    """`lines` items with a flat [x0, y0, x1, y1] box: the OCR-table check itself failed (len() of an int)."""
+    from usg.cli.run_cmd import _render
+    from usg.runtime import InferResult
+
+    _render(InferResult({"lines": [{"text": "total", "score": 0.9, "box": [0, 0, 10, 10]}]}))
+    assert "lines: [{'text': 'total', 'score': 0.9, 'box': [0, 0, 10, 10]}]" in capsys.readouterr().out

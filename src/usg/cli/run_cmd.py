@@ -174,7 +174,8 @@ def _is_ocr_line(line: object) -> bool:
     if not isinstance(line, dict) or not isinstance(line.get("score"), (int, float)):
         return False
     box = line.get("box")
-    return "text" in line and isinstance(box, list) and len(box) >= 3 and all(len(p) >= 2 for p in box)
+    points = isinstance(box, list) and len(box) >= 3 and all(isinstance(p, (list, tuple)) and len(p) >= 2 for p in box)
+    return "text" in line and points
 
 
 def _array_line(name: str, value: np.ndarray[Any, Any]) -> str:
