@@ -43,3 +43,21 @@ def test_a_value_json_cannot_carry_is_named_with_where_it_sits(value: Any, where
     with pytest.raises(BackendError) as info:
         to_jsonable(value, "output 'y'")
     assert str(info.value).startswith(f"{where} is a {kind}, which JSON cannot carry; fix:")
+
+
+def test_the_v2_and_generate_answers_name_the_output_json_cannot_carry():
+    """/v2 (and gRPC) said 'output is a set', /generate 'output.y is a set': not the output's name."""
+    from usg.runtime import InferResult
+    from usg.serve.generate import response_body
+    from usg.serve.oip import to_v2_output
+
+    with pytest.raises(BackendError, match=r"^output 'y' is a set, which JSON cannot carry"):
+        to_v2_output({1, 2}, "y")
+    with pytest.raises(BackendError, match=r"^output 'y'\[1\] is a set, which JSON cannot carry"):
+        to_v2_output(["a", {1, 2}], "y")
+    from usg.graph import GraphBuilder
+
+    graph = GraphBuilder("g").input("text", "text").node("n", fn="testops:upper", inputs={"text": "inputs.text"})
+    graph = graph.output("y", "n.text").build()
+    with pytest.raises(BackendError, match=r"^output 'y' is a set, which JSON cannot carry"):
+        response_body(graph, InferResult({"y": {1, 2}}))
