@@ -234,6 +234,17 @@ def test_a_factory_that_raises_is_the_users_error_with_where_not_a_usg_bug() -> 
         run_parity(_raising_factory, None, None)
 
 
+def _factory_torch_refuses():
+    return torch.nn.Linear(-1, 3), {"x": torch.randn(1, 4)}  # raises inside torch
+
+
+def test_a_factory_error_raised_inside_a_library_names_the_factorys_line() -> None:
+    """The place given was the deepest frame: torch's own file (torch/nn/modules/linear.py), not the user's line."""
+    line = _factory_torch_refuses.__code__.co_firstlineno + 1
+    with pytest.raises(UsageError, match=rf"raised RuntimeError: .*\(at .*test_doctor_parity\.py:{line}\)"):
+        run_parity(_factory_torch_refuses, None, None)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -239,3 +239,28 @@ def test_a_cancelled_chunk_run_is_cancelled_not_timed_out() -> None:
 
     cancelled, runs = asyncio.run(run())
     assert cancelled and runs == 0
+
+
+def test_a_node_that_ran_without_the_port_an_output_reads_fails_the_chunk_as_it_fails_infer() -> None:
+    """The lean chunk run answered {} where infer raises (the node returned {"nope": ...})."""
+    graph = (
+        GraphBuilder("wrong")
+        .input("text", "text")
+        .node("n", fn="testops:wrong_port", inputs={"text": "inputs.text"})
+        .output("y", "n.text")
+        .build()
+    )
+
+    async def run(lean: bool) -> str:
+        async with Executor(graph) as ex:
+            state = StreamState(flush=False, sequential=True)
+            with pytest.raises(USGError) as info:
+                if lean:
+                    await ex.run_chunk({"text": "x"}, state, "s:1")
+                else:
+                    await ex.infer({"text": "x"}, stream=state, request_id="s:1")
+            return f"{type(info.value).__name__}: {info.value}"
+
+    lean, slow = asyncio.run(run(True)), asyncio.run(run(False))
+    assert lean == slow
+    assert "node 'n' returned no output 'text' (it returned ['nope']), which graph output 'y' reads" in lean

@@ -229,3 +229,36 @@ def test_tune_and_profile_take_the_samples_usg_init_wrote(tmp_path, capsys):
     assert code == 0, err
     profile = json.loads((tmp_path / "p.json").read_text())
     assert profile["count"] == 1 and profile["failed"] == []  # a.npy and b.npy are one request
+
+
+def test_a_string_input_is_bounded_by_its_bytes_not_only_its_values(tmp_path, capsys):
+    """A STRING [8192, 8192] input is 2**26 values (the cap) of 76 bytes each: the sample took 4.75 GiB."""
+    s = helper.make_tensor_value_info("s", TensorProto.STRING, [8192, 8192])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, [8192, 8192])
+    model = _save(tmp_path / "str.onnx", [helper.make_node("Identity", ["s"], ["y"])], [s], [y])
+    code, _, err = run_cli(["init", str(model), "--name", "big", "--dir", str(tmp_path / "g")], capsys)
+    text = " ".join(err.split())
+    assert code != 0 and "model input 's' declares the shape [8192, 8192]" in text
+    assert "(4.8 GiB), past the 67,108,864 values or 512 MiB" in text and "fix:" in text
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (0,), (2, 0)])
+def test_usg_run_prints_an_empty_array_output(shape, capsys):
+    """A detector's boxes for an image with no detections, float32[0, 4]: printing it failed (reshape of an
+    empty array to (0, -1)), an internal error after the request ran."""
+    from usg.cli.run_cmd import _render
+    from usg.runtime import InferResult
+
+    _render(InferResult({"boxes": np.zeros(shape, np.float32)}))
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"boxes: float32{list(shape)}" in out and "‖row0‖=0.0000" in out
+
+
+def test_usg_run_prints_lines_whose_box_is_four_numbers(capsys):
+    """`lines` items with a flat [x0, y0, x1, y1] box: the OCR-table check itself failed (len() of an int)."""
+    from usg.cli.run_cmd import _render
+    from usg.runtime import InferResult
+
+    _render(InferResult({"lines": [{"text": "total", "score": 0.9, "box": [0, 0, 10, 10]}]}))
+    assert "lines: [{'text': 'total', 'score': 0.9, 'box': [0, 0, 10, 10]}]" in capsys.readouterr().out

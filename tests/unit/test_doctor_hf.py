@@ -265,3 +265,16 @@ def test_a_size_that_is_not_a_positive_integer_is_named(tmp_path: Path, field: s
     messages = [f.message for f in check_vlm_coupling(d) if f.code == "HF007"]
     name = field.replace("__", ".")
     assert any(f"{name} is {value!r}; a size must be a positive integer" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("value", [14.5, float("inf")])
+def test_a_size_that_is_a_fraction_or_infinite_is_named(tmp_path: Path, value: float) -> None:
+    """14.5 was read as 14 (int() truncates); Infinity (Python's json reads it) was an OverflowError
+    that ended as a 'check crashed' finding."""
+    d = _copy(tmp_path, "llava-1.5-7b-hf")
+    _edit(d / "config.json", vision_config__patch_size=value)
+    found = list(check_vlm_coupling(d))
+    messages = [f.message for f in found if f.code == "HF007"]
+    assert any(f"vision_config.patch_size is {value!r}; a size must be a positive integer" in m for m in messages), [
+        (f.code, f.message) for f in found
+    ]

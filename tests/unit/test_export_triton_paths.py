@@ -79,3 +79,30 @@ def test_external_data_beside_the_model_is_copied(tmp_path: Path) -> None:
     model = _onnx(tmp_path / "models" / "m.onnx", external="w.data")
     export_triton(_graph(model), tmp_path / "repo")
     assert (tmp_path / "repo" / "m" / "1" / "w.data").read_bytes() == np.ones(3, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("location", ["../outside.data", "..\\outside.data", "C:outside.data", "\\outside.data"])
+def test_external_data_outside_is_refused_before_out_dir_is_touched(tmp_path: Path, location: str) -> None:
+    """The refusal came after OUT_DIR held the model's folder and config.pbtxt (a rerun then met 'OUT_DIR is
+    not empty'); a location that leaves the folder when read as a Windows path (a file saved there) passed."""
+    (tmp_path / "models").mkdir()
+    model = _onnx(tmp_path / "models" / "m.onnx", external=location)
+    with pytest.raises(UsageError, match=r"names external data at .*outside its own folder"):
+        export_triton(_graph(model), tmp_path / "out" / "repo")
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_external_data_is_refused_before_out_dir_is_touched(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    model = _onnx(tmp_path / "models" / "m.onnx", external="w.data")
+    with pytest.raises(UsageError, match=r"model file .*w\.data does not exist"):
+        export_triton(_graph(model), tmp_path / "out" / "repo")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_windows_subfolder_location_is_still_copied(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "w\\1.data").write_bytes(np.ones(3, np.float32).tobytes())  # one file name here
+    model = _onnx(tmp_path / "models" / "m.onnx", external="w\\1.data")
+    export_triton(_graph(model), tmp_path / "repo")
+    assert (tmp_path / "repo" / "m" / "1" / "w\\1.data").is_file()

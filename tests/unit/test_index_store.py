@@ -133,6 +133,8 @@ def test_shards_per_collection_are_searched_together_and_separately(tmp_path: Pa
         idx.search(other[2], encoder_digest=DIGEST, collections=["nope"])
     with pytest.raises(UsageError, match=r"collection name '../x' is not allowed"):
         idx.shard("../x", create=True)
+    with pytest.raises(UsageError, match=r"collection name 'one\\n' is not allowed"):  # `$` matched before a newline
+        idx.shard("one\n", create=True)
 
 
 def test_replace_and_remove_documents(tmp_path: Path) -> None:
@@ -269,3 +271,14 @@ def test_long_text_lines_are_indexed_in_pieces_cut_at_spaces() -> None:
     assert all(not p.startswith(" ") and not p.endswith(" ") for p in pieces)
     solid = "x" * (2 * MAX_LINE_CHARS + 5)  # no space: cut mid-word
     assert [len(p) for p in line_pieces(solid)] == [MAX_LINE_CHARS, MAX_LINE_CHARS, 5]
+
+
+@pytest.mark.timeout(20)  # a hang guard, not a timing assert: cutting copied the rest each time (66 s here)
+def test_a_32_mb_line_is_cut_in_one_pass() -> None:
+    from usg.index.build import MAX_LINE_CHARS, line_pieces
+
+    words = " ".join(f"w{i:07d}" for i in range(32 * 2**20 // 9))
+    pieces = line_pieces(words)
+    assert all(0 < len(p) <= MAX_LINE_CHARS for p in pieces)
+    assert sum(map(len, pieces)) + len(pieces) - 1 == len(words)
+    assert pieces[0] == words[: len(pieces[0])] and pieces[-1] == words[-len(pieces[-1]) :]

@@ -196,3 +196,19 @@ def test_many_requests_without_trace_ids_are_read_in_linear_time(tmp_path: Path)
     (tmp_path / "many.json").write_text(_otlp(spans))
     requests = read_traces([tmp_path / "many.json"])
     assert len(requests) == 20_000 and all(not r.nodes for r in requests)
+
+
+def test_a_span_id_that_is_not_a_string_leaves_that_span_out(tmp_path: Path) -> None:
+    """A parentSpanId or spanId that is a JSON list or object was an internal error (TypeError: unhashable),
+    where any other unreadable field leaves the span out and counts it."""
+    node = {"name": "node a", "traceId": "t", "spanId": "c1", "parentSpanId": ["r"], "startTimeUnixNano": 0}
+    odd = {**ROOT, "spanId": {"x": 1}}
+    ok = {**ROOT, "spanId": "r2"}
+    (tmp_path / "t.json").write_text(_otlp([ROOT, node, odd, ok]))
+    skipped: list[str] = []
+    requests = read_traces([tmp_path / "t.json"], skipped)
+    assert [(r.request_id, len(r.nodes)) for r in requests] == [("r", 0), ("r2", 0)]
+    assert skipped == [
+        "node span 'c1': parentSpanId is a list, not an id",
+        "request span {'x': 1}: spanId is a dict, not an id",
+    ]

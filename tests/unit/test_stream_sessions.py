@@ -300,3 +300,31 @@ def test_hostile_binary_headers_are_input_errors_not_a_failed_receiver(frame: by
 def test_hostile_text_frames_are_input_errors_not_a_failed_receiver(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message + ".*; fix: "):
         parse_text(_graph(), text)
+
+
+@pytest.mark.timeout(30)
+def test_an_output_json_cannot_carry_is_that_chunks_error_event_and_the_session_goes_on() -> None:
+    """The output's BackendError (to_jsonable) was raised past the run's error handling: the session's
+    pump ended with it, the chunk got no event and the chunks behind it waited."""
+    graph = (
+        GraphBuilder("obj")
+        .input("text", "text")
+        .node("n", fn="testops:an_object", inputs={"text": "inputs.text"})
+        .output("y", "n.text")
+        .build()
+    )
+
+    async def run() -> list[dict[str, Any]]:
+        async with Executor(graph) as ex, SessionManager(ex) as manager:
+            s = manager.open()
+            reader = asyncio.create_task(_drain(s))
+            s.send("text", "a", 0.0)
+            s.send("text", "b", 10.0)
+            await s.close()
+            return await reader
+
+    events = asyncio.run(run())
+    errors = [e for e in events if e["type"] == "error"]
+    assert [e["seq"] for e in errors] == [1, 2], events
+    assert errors[0]["message"].startswith("output 'y' is a object, which JSON cannot carry"), errors[0]
+    assert events[-1]["type"] == "closed"

@@ -151,8 +151,15 @@ def _read_texts(path: Path) -> list[str]:
 
 
 def takes_documents(graph: Graph | None) -> bool:
-    """Whether ``graph`` takes the document samples (inputs among ``image`` and ``text``); None: assume so."""
-    return graph is None or set(graph.inputs) <= {"image", "text"}
+    """Whether ``graph`` takes the document samples: it reads ``image`` or ``text`` and needs no other
+    input (optional ones stay absent); None: assume so."""
+    if graph is None:
+        return True
+    required = {n for n, d in graph.inputs.items() if not d.optional}
+    return required <= _DOCUMENT_INPUTS and bool(_DOCUMENT_INPUTS & graph.inputs.keys())
+
+
+_DOCUMENT_INPUTS = frozenset({"image", "text"})
 
 
 def load_samples(path: str | Path, graph: Graph | None = None) -> list[Sample]:

@@ -194,7 +194,8 @@ def _is_ocr_line(line: object) -> bool:
     if not isinstance(line, dict) or not isinstance(line.get("score"), (int, float)):
         return False
     box = line.get("box")
-    return "text" in line and isinstance(box, list) and len(box) >= 3 and all(len(p) >= 2 for p in box)
+    points = isinstance(box, list) and len(box) >= 3 and all(isinstance(p, (list, tuple)) and len(p) >= 2 for p in box)
+    return "text" in line and points
 
 
 def _array_line(name: str, value: np.ndarray[Any, Any]) -> str:
@@ -203,8 +204,7 @@ def _array_line(name: str, value: np.ndarray[Any, Any]) -> str:
     shape = escape(str(list(value.shape)))
     if value.dtype.kind in "biuf":
         head = ", ".join(f"{v:.4f}" for v in flat.astype(np.float64))
-        rows = value.reshape(value.shape[0] if value.ndim else 1, -1).astype(np.float64)
-        norm = float(np.linalg.norm(rows[0])) if value.size else 0.0
+        norm = float(np.linalg.norm(value.reshape(value.shape[0] if value.ndim else 1, -1)[0])) if value.size else 0.0
         return f"[bold]{escape(name)}[/]: {value.dtype}{shape}  {escape(f'[{head}, …]')}  ‖row0‖={norm:.4f}"
     head = ", ".join(repr(v if len(str(v)) <= 40 else f"{str(v)[:40]}…") for v in flat.tolist())
     return f"[bold]{escape(name)}[/]: {value.dtype}{shape}  {escape(f'[{head}, …]')}"

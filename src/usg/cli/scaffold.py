@@ -139,17 +139,23 @@ def _sample_dims(dims: tuple[Dim, ...]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) and d > 0 else (1 if i == 0 else 8) for i, d in enumerate(dims))
 
 
-#: a sample larger than this (values) is not generated: the model's declared shape is checked first
+#: a sample larger than this (values, or bytes: a STRING sample's text takes 76 bytes a value) is not
+#: generated: the model's declared shape is checked first
 MAX_SAMPLE_VALUES = 1 << 26
+MAX_SAMPLE_BYTES = 1 << 29
+_SAMPLE_TEXT = "hello from usg init"
 
 
 def _check_sample_size(p: ModelPort) -> None:
     shape = _sample_dims(p.dims)
     n = math.prod(shape)
-    if n > MAX_SAMPLE_VALUES:
+    dtype = np.dtype(f"<U{len(_SAMPLE_TEXT)}") if p.dtype == "object" else np.dtype(p.dtype)
+    size = n * max(dtype.itemsize, np.dtype(np.float32).itemsize)  # floats are drawn as float32 first
+    if n > MAX_SAMPLE_VALUES or size > MAX_SAMPLE_BYTES:
         raise InputError(
-            f"model input {p.name!r} declares the shape {list(p.dims)}: a sample would hold {n:,} values, "
-            f"past the {MAX_SAMPLE_VALUES:,} usg init writes",
+            f"model input {p.name!r} declares the shape {list(p.dims)}: a sample would hold {n:,} values "
+            f"({size / 2**30:.1f} GiB), past the {MAX_SAMPLE_VALUES:,} values or {MAX_SAMPLE_BYTES // 2**20} MiB "
+            "usg init writes",
             field=p.name,
             fix="check the model's declared input shape (usg doctor MODEL); export it with dynamic axes if they "
             "are meant to vary",
@@ -347,7 +353,7 @@ class _Writer:
         sample = self.sample_dir / f"{gin}.npy"
         shape = _sample_dims(p.dims)
         if dtype == "str":
-            values: np.ndarray[Any, Any] = np.full(shape, "hello from usg init")
+            values: np.ndarray[Any, Any] = np.full(shape, _SAMPLE_TEXT)
         elif p.dtype.startswith("float"):
             # a seed per input: equal samples would hide two inputs swapped or wired to one source
             seed = zlib.crc32(gin.encode())

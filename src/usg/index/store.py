@@ -31,7 +31,7 @@ __all__ = ["DocumentIndex", "EncoderMismatch", "SearchHit"]
 
 FORMAT = "usg-index/1"
 MAX_K = 1000
-_COLLECTION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_COLLECTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # fullmatch: `$` also matches before a final newline
 
 
 class EncoderMismatch(InputError):
@@ -64,7 +64,7 @@ class SearchHit:
 
 
 def check_collection_name(name: str) -> str:
-    if not _COLLECTION.match(name):
+    if not _COLLECTION.fullmatch(name):
         raise UsageError(
             f"collection name {name!r} is not allowed; fix: use letters, digits, '.', '_' or '-' "
             "(up to 64, starting with a letter or digit)"
@@ -97,7 +97,7 @@ def _manifest_problem_free(mpath: Path, manifest: dict[str, Any]) -> int:
     if not isinstance(names, list):
         raise bad("collections", f"is {names!r}, not a list of collection names")
     for name in names:
-        if not isinstance(name, str) or not _COLLECTION.match(name):
+        if not isinstance(name, str) or not _COLLECTION.fullmatch(name):
             raise bad("collections", f"holds {name!r}, not a collection name (letters, digits, '.', '_', '-')")
     return dim
 

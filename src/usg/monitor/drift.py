@@ -165,7 +165,7 @@ def _embedding_tests(name: str, ref: Mapping[str, Any], cur: Mapping[str, Any], 
     y = np.asarray(cur.get("sample", []), dtype=np.float64)
     if len(x) < _MIN_SAMPLES or len(y) < _MIN_SAMPLES or x.shape[1] != y.shape[1]:
         return {"output": name, "kind": "embedding", "skipped": "too few rows, or dimensions differ"}
-    rc, cc = np.asarray(ref["centroid"]), np.asarray(cur["centroid"])
+    rc, cc = np.asarray(ref["centroid"], dtype=np.float64), np.asarray(cur["centroid"], dtype=np.float64)
     denom = float(np.linalg.norm(rc) * np.linalg.norm(cc))
     shift = 1.0 - float(rc @ cc) / denom if denom > 0 else 0.0
     mmd2, mmd_p = mmd_test(_rows(x), _rows(y), permutations=th.permutations)

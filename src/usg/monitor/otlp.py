@@ -131,13 +131,26 @@ def _node(span: Mapping[str, Any], start: int) -> NodeSpan:
 _SPAN_ERRORS = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
 
 
+#: what a span id may be in JSON (None: absent); a list or an object cannot be looked up
+_ID_TYPES = (str, int, float, type(None))
+
+
 def _build(trace_id: str, spans: list[dict[str, Any]], skipped: list[str]) -> list[RequestTrace]:
     children: dict[Any, list[dict[str, Any]]] = {}  # parent span id -> its node spans (one pass, not one per root)
     for s in spans:
         if str(s.get("name", "")).startswith("node "):
-            children.setdefault(s.get("parentSpanId"), []).append(s)
+            parent = s.get("parentSpanId")
+            if not isinstance(parent, _ID_TYPES):  # a list or an object: not a key, and no span's id
+                skipped.append(f"node span {s.get('spanId')!r}: parentSpanId is a {type(parent).__name__}, not an id")
+                continue
+            children.setdefault(parent, []).append(s)
     out = []
     for root in (s for s in spans if s.get("name") == "usg.request"):
+        if not isinstance(root.get("spanId"), _ID_TYPES):
+            skipped.append(
+                f"request span {root.get('spanId')!r}: spanId is a {type(root.get('spanId')).__name__}, not an id"
+            )
+            continue
         try:
             attrs = _attrs(root)
             start = int(root.get("startTimeUnixNano", 0))

@@ -44,10 +44,12 @@ def _number(v: Any, path: str, *, optional: bool = False, finite: bool = False) 
 
 
 def _numbers(v: Any, path: str, *, finite: bool = False) -> list[Any]:
+    """A list of numbers; null passes unless ``finite``: it is how GET /v1/monitor/window writes a NaN
+    (``usg.monitor.http.jsonable``), and the drift tests read it as NaN."""
     if not isinstance(v, list):
         raise _Bad(path, f"is {_kind(v)}, not a list of numbers")
     for i, x in enumerate(v):
-        _number(x, f"{path}[{i}]", finite=finite)
+        _number(x, f"{path}[{i}]", optional=not finite, finite=finite)
     return v
 
 

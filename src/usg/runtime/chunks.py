@@ -27,7 +27,7 @@ from usg.errors import RequestTimeout, USGError
 from usg.graph.model import Graph, NodeDef
 from usg.records import ItemTiming
 from usg.runtime.observer import Observer
-from usg.runtime.request import call_fn, missing_output
+from usg.runtime.request import call_fn, missing_graph_output, missing_output
 from usg.runtime.result import InferResult
 from usg.runtime.streams import STREAM_PARAMS, StreamState
 
@@ -223,7 +223,11 @@ async def run_chunk(
                     result[out] = values[source]
                 continue
             up = outputs.get(source)
-            if up is not None and port in up and up[port] is not None:  # (a map node's empty fan-out has [])
+            if up is None:
+                continue
+            if port not in up:  # (a map node's empty fan-out has every port: [])
+                raise missing_graph_output(source, port, up, out)
+            if up[port] is not None:
                 result[out] = up[port]
         status = "ok"
         return InferResult(result, pruned, node_ms, rid, {})

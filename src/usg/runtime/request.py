@@ -14,7 +14,7 @@ from usg.graph.model import OUT_ALIAS, Graph, NodeDef, Ref, model_output
 from usg.runtime.events import EventSink, TokenCallback, TokenDelta
 from usg.runtime.streams import StreamState
 
-__all__ = ["EmptyFanOut", "Request", "aliased", "call_fn", "missing_output", "plan_request"]
+__all__ = ["EmptyFanOut", "Request", "aliased", "call_fn", "missing_graph_output", "missing_output", "plan_request"]
 
 
 @dataclass
@@ -74,10 +74,7 @@ class Request:
             if up is None:
                 continue
             if ref.port not in up:
-                raise BackendError(
-                    f"node {ref.source!r} returned no output {ref.port!r} (it returned {sorted(map(str, up))}), "
-                    f"which graph output {oname!r} reads; fix: return {ref.port!r} from it (None for no value)"
-                )
+                raise missing_graph_output(ref.source, ref.port, up, oname)
             if up[ref.port] is not None:
                 result[oname] = up[ref.port]
         return result
@@ -88,6 +85,15 @@ def missing_output(source: str, port: str, up: Mapping[str, Any], node: str) -> 
     return BackendError(
         f"node {source!r} returned no output {port!r} (it returned {sorted(up)}), which node {node!r} "
         f"needs; fix: return {port!r} from it"
+    )
+
+
+def missing_graph_output(source: str, port: str, up: Mapping[str, Any], output: str) -> BackendError:
+    """The error of a node that ran and did not return the port a graph output reads (absent
+    outputs are only those of pruned branches and None values)."""
+    return BackendError(
+        f"node {source!r} returned no output {port!r} (it returned {sorted(map(str, up))}), "
+        f"which graph output {output!r} reads; fix: return {port!r} from it (None for no value)"
     )
 
 

@@ -148,7 +148,7 @@ def _head(graph: Graph, text: str) -> dict[str, Any]:
 
 def response_body(graph: Graph, result: InferResult, text_output: str | None = None) -> dict[str, Any]:
     """The generate response object of a result (``text_output``: the output streamed, if any)."""
-    outputs = to_jsonable(result.outputs)
+    outputs = {name: to_jsonable(v, f"output {name!r}") for name, v in result.outputs.items()}
     chosen = _pick(graph, outputs, text_output)
     text = outputs.pop(chosen, "") if chosen is not None else ""
     body = _head(graph, text if isinstance(text, str) else str(text))

@@ -144,7 +144,7 @@ def build_response(
     for name in names:
         if name not in result.outputs:
             continue
-        datatype, shape, value = to_v2_output(result.outputs[name])
+        datatype, shape, value = to_v2_output(result.outputs[name], name)
         response.outputs.add(name=name, datatype=datatype, shape=shape)
         response.raw_output_contents.append(tensor_bytes(datatype, value))
     return response

@@ -91,8 +91,10 @@ def graph_metadata(graph: Graph) -> dict[str, Any]:
     }
 
 
-def to_v2_output(value: Any) -> tuple[str, list[int], np.ndarray[Any, Any] | list[bytes]]:
-    """An output value → (datatype, shape, array or BYTES elements); see the module docstring."""
+def to_v2_output(value: Any, name: str | None = None) -> tuple[str, list[int], np.ndarray[Any, Any] | list[bytes]]:
+    """An output value → (datatype, shape, array or BYTES elements); see the module docstring.
+    ``name``: the output's, for the error of a value JSON cannot carry."""
+    where = "output" if name is None else f"output {name!r}"
     if isinstance(value, (np.ndarray, np.generic, bool, int, float)) and not isinstance(value, (str, bytes)):
         arr = np.asarray(value)
         if arr.ndim == 0:
@@ -108,11 +110,13 @@ def to_v2_output(value: Any) -> tuple[str, list[int], np.ndarray[Any, Any] | lis
         return "BYTES", [1], [value]
     if isinstance(value, (list, tuple)):
         elems = [
-            x.encode("utf-8") if isinstance(x, str) else json.dumps(to_jsonable(x), ensure_ascii=False).encode("utf-8")
-            for x in value
+            x.encode("utf-8")
+            if isinstance(x, str)
+            else json.dumps(to_jsonable(x, f"{where}[{i}]"), ensure_ascii=False).encode("utf-8")
+            for i, x in enumerate(value)
         ]
         return "BYTES", [len(elems)], elems
-    return "BYTES", [1], [json.dumps(to_jsonable(value), ensure_ascii=False).encode("utf-8")]
+    return "BYTES", [1], [json.dumps(to_jsonable(value, where), ensure_ascii=False).encode("utf-8")]
 
 
 def graph_value(graph: Graph, t: V2Tensor) -> Any:

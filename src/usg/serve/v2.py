@@ -154,7 +154,7 @@ def routes(ctx: ServeContext) -> list[Route]:
         for name, binary in wants:
             if name not in result.outputs:
                 continue
-            datatype, shape, value = to_v2_output(result.outputs[name])
+            datatype, shape, value = to_v2_output(result.outputs[name], name)
             tensors.append(({"name": name, "datatype": datatype, "shape": shape}, value, binary))
         head = {
             "model_name": graph.name,

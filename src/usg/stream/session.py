@@ -322,14 +322,21 @@ class Session:
             return
         outputs = result.outputs
         events_out = manager.event_outputs
-        for name in events_out:
-            for item in outputs.get(name) or ():
-                event = {**to_jsonable(item), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)}
-                if not self._offer(event):
-                    await self._emit(event)
-        rest = {k: v for k, v in outputs.items() if k not in events_out and not _empty(v)}
-        if rest:
-            event = {"type": "result", **meta, "outputs": to_jsonable(rest)}
+        try:  # an output JSON cannot carry: this chunk's error event, as a failed run's (before anything is sent)
+            events = [
+                {**to_jsonable(item, f"output {name!r}[{i}]"), **meta, "ts_ms": item.get("ts_ms", chunk.ts_ms)}
+                for name in events_out
+                for i, item in enumerate(outputs.get(name) or ())
+            ]
+            rest = {k: v for k, v in outputs.items() if k not in events_out and not _empty(v)}
+            if rest:
+                events.append(
+                    {"type": "result", **meta, "outputs": {k: to_jsonable(v, f"output {k!r}") for k, v in rest.items()}}
+                )
+        except USGError as exc:
+            await self._emit(error_event(exc, **meta))
+            return
+        for event in events:
             if not self._offer(event):
                 await self._emit(event)
 

@@ -265,7 +265,9 @@ class _Tower:
 
 def _positive(value: Any, where: str) -> int:
     """A size from a config (image_size, patch_size): a positive integer, else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 1:
+    # not 14.5 (int() would make it 14), inf or NaN
+    number = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not number or value < 1:
         raise ValueError(f"{where} is {value!r}; a size must be a positive integer")
     return int(value)
 

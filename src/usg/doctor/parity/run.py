@@ -309,7 +309,10 @@ def _load_subject(torch: Any, torch_spec: str | Any) -> _Subject:
     try:
         made = factory()
     except Exception as exc:  # the user's code failed: say where, not "a bug in usg"
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        frames = traceback.extract_tb(exc.__traceback__)  # [0]: the call above
+        code = getattr(factory, "__code__", None)
+        own = [f for f in frames[1:] if code is not None and f.filename == code.co_filename]
+        frame = (own or frames)[-1]  # the factory's own line, not torch's where the error surfaced
         raise UsageError(
             f"factory {source!r} raised {type(exc).__name__}: {exc} (at {frame.filename}:{frame.lineno}); "
             "fix: make the factory return (model, example_inputs) when called with no arguments"

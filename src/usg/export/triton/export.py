@@ -25,6 +25,7 @@ from usg.export.triton.repository import (
     copy_modules,
     install_file,
     local_modules,
+    model_files,
     prepare_out_dir,
     relative,
     write_model_py,
@@ -158,14 +159,18 @@ def _graph_entries(graph: Graph, plan: ExportPlan, item_axis: dict[str, list[str
     ]
 
 
-def _write(entry: _Pending, out: Path, link: bool) -> ExportedModel:
+def _version_dir(entry: _Pending, out: Path) -> Path:
+    return out / entry.config.name / "1"
+
+
+def _write(entry: _Pending, out: Path, link: bool, files: list[tuple[Path, Path]] | None) -> ExportedModel:
     c = entry.config
     model_dir = out / c.name
-    version_dir = model_dir / "1"
+    version_dir = _version_dir(entry, out)
     version_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(config_text(c), encoding="utf-8")
     if entry.file is not None:
-        install_file(entry.file[0], version_dir / entry.file[1], link=link)
+        install_file(entry.file[0], version_dir / entry.file[1], link=link, pairs=files)
     if entry.model_py is not None:
         write_model_py(version_dir, entry.model_py[1], entry.serves, module=entry.model_py[0])
     copy_modules(entry.modules, version_dir)
@@ -190,6 +195,8 @@ def export_triton(
     plan = plan_export(graph)
     models, item_axis = _model_entries(graph, plan, onnx_via)
     entries = models + _graph_entries(graph, plan, item_axis, out)
+    # model files and their external data are checked before OUT_DIR is touched
+    files = [None if e.file is None else model_files(e.file[0], _version_dir(e, out) / e.file[1]) for e in entries]
     prepare_out_dir(out, force=force, keep=[graph.source] if graph.source else [])
-    written = tuple(_write(e, out, link) for e in entries)
+    written = tuple(_write(e, out, link, f) for e, f in zip(entries, files, strict=True))
     return TritonExport(out, plan.mode, plan.reasons, written)

@@ -8,16 +8,26 @@ backend puts that folder on ``sys.path``. ``usg`` itself must be installed on th
 from __future__ import annotations
 
 import importlib.util
+import ntpath
 import os
+import posixpath
 import shutil
 import site
 import sysconfig
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from usg.errors import UsageError
 
-__all__ = ["copy_modules", "install_file", "local_modules", "prepare_out_dir", "relative", "write_model_py"]
+__all__ = [
+    "copy_modules",
+    "install_file",
+    "local_modules",
+    "model_files",
+    "prepare_out_dir",
+    "relative",
+    "write_model_py",
+]
 
 MODEL_PY = '''"""Triton Python-backend model written by `usg export triton`: {what}.
 
@@ -69,23 +79,42 @@ def _external_data(path: Path) -> list[str]:
     return found
 
 
-def install_file(src: Path, dst: Path, *, link: bool) -> None:
-    """Copy (or symlink) a model file to ``dst``, with the external data files an ONNX file names."""
+def model_files(src: Path, dst: Path) -> list[tuple[Path, Path]]:
+    """The files :func:`install_file` copies for ``src`` → ``dst``: the model and the external data
+    files an ONNX file names, each checked (inside the model's folder, present) so that the export can
+    refuse a model before it touches OUT_DIR."""
     pairs = [(src, dst)]
     if src.suffix == ".onnx":
         for rel in _external_data(src):
-            inside = Path(os.path.normpath(rel))
-            if inside.is_absolute() or inside.parts[:1] == ("..",) or not inside.parts:
+            if _leaves_folder(rel):
                 raise UsageError(
                     f"model file {src} names external data at {rel!r}, outside its own folder; the export would "
                     "read and write files outside the model's and the repository's folders (ONNX Runtime refuses "
                     "such a model too); fix: save the model with its external data beside it "
                     "(onnx.save_model(..., save_as_external_data=True, location='NAME.data'))"
                 )
+            inside = Path(os.path.normpath(rel))
             pairs.append((src.parent / inside, dst.parent / inside))
-    for s, d in pairs:
+    for s, _ in pairs:
         if not s.is_file():
             raise UsageError(f"model file {s} does not exist; fix: check the graph's model paths")
+    return pairs
+
+
+def _leaves_folder(rel: str) -> bool:
+    """A location that is absolute, on a drive, empty or climbs out, read as a POSIX or a Windows path
+    (a model saved on Windows names 'sub\\w.data'; '..\\w.data' and 'C:w.data' leave the folder there)."""
+    for flavour, norm in ((PurePosixPath, posixpath.normpath), (PureWindowsPath, ntpath.normpath)):
+        p = flavour(norm(rel))
+        if p.anchor or not p.parts or p.parts[0] == "..":
+            return True
+    return False
+
+
+def install_file(src: Path, dst: Path, *, link: bool, pairs: list[tuple[Path, Path]] | None = None) -> None:
+    """Copy (or symlink) a model file to ``dst``, with the external data files an ONNX file names
+    (``pairs``: :func:`model_files`, when the caller checked them already)."""
+    for s, d in model_files(src, dst) if pairs is None else pairs:
         d.parent.mkdir(parents=True, exist_ok=True)
         if link:
             d.symlink_to(s.resolve())
