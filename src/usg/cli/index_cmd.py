@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from usg.cli import EXIT_FAILED
 from usg.cli.common import err_console, load_graph_for_cli, out_console
 from usg.errors import UsageError
 
@@ -67,7 +69,8 @@ def _advance(bar: Progress) -> Callable[[str, int], None]:
 _STRICT = click.option(
     "--strict",
     is_flag=True,
-    help="Stop at the first document that cannot be read (default: skip it, index the rest, list it at the end).",
+    help="Stop at the first document that cannot be read (default: skip it, index the rest, list it at the end "
+    "and exit 1).",
 )
 
 
@@ -159,6 +162,8 @@ def build(
         + (f"; skipped {len(skipped)} other file(s)" if skipped else "")
         + bad
     )
+    if unreadable:  # the index is written, but not everything asked for is in it (the exit-code rule: 1)
+        sys.exit(EXIT_FAILED)
 
 
 @index.command("add")
@@ -186,6 +191,8 @@ def add(index_path: str, paths: tuple[str, ...], collection: str | None, graph: 
         f"collection {collection!r}: {len(report.added)} added, {len(report.replaced)} replaced (changed), "
         f"{len(report.unchanged)} unchanged; {report.lines} lines indexed{bad}"
     )
+    if report.unreadable:
+        sys.exit(EXIT_FAILED)
 
 
 @index.command("remove")
