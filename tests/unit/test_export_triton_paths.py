@@ -106,3 +106,27 @@ def test_a_windows_subfolder_location_is_still_copied(tmp_path: Path) -> None:
     model = _onnx(tmp_path / "models" / "m.onnx", external="w\\1.data")
     export_triton(_graph(model), tmp_path / "repo")
     assert (tmp_path / "repo" / "m" / "1" / "w\\1.data").is_file()
+
+
+def test_external_data_linked_outside_the_model_folder_is_refused(tmp_path: Path) -> None:
+    """'w.data -> /elsewhere/secret' was followed: the export copied that file into the repository."""
+    (tmp_path / "models").mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(np.ones(3, np.float32).tobytes())
+    (tmp_path / "models" / "w.data").symlink_to(secret)
+    model = _onnx(tmp_path / "models" / "m.onnx", external="w.data")
+    with pytest.raises(UsageError, match=r"its external data 'w\.data' is a symbolic link to .*secret, outside"):
+        export_triton(_graph(model), tmp_path / "repo")
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_a_hugging_face_snapshot_whose_files_link_into_blobs_still_exports(tmp_path: Path) -> None:
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "abc123" / "onnx"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs" / "f00d").write_bytes(np.ones(3, np.float32).tobytes())
+    (snapshot / "w.data").symlink_to(Path("../../../blobs/f00d"))
+    model = _onnx(snapshot / "m.onnx", external="w.data")
+    export_triton(_graph(model), tmp_path / "out")
+    assert (tmp_path / "out" / "m" / "1" / "w.data").read_bytes() == np.ones(3, np.float32).tobytes()

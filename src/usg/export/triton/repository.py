@@ -94,11 +94,31 @@ def model_files(src: Path, dst: Path) -> list[tuple[Path, Path]]:
                     "(onnx.save_model(..., save_as_external_data=True, location='NAME.data'))"
                 )
             inside = Path(os.path.normpath(rel))
-            pairs.append((src.parent / inside, dst.parent / inside))
+            data = src.parent / inside
+            if data.is_symlink() and not _link_allowed(src, data.resolve()):
+                raise UsageError(
+                    f"model file {src}: its external data {rel!r} is a symbolic link to {data.resolve()}, outside the "
+                    "model's folder; the export would copy that file into the repository; fix: put the data file "
+                    "itself beside the model (cp --dereference), if that file is really the model's"
+                )
+            pairs.append((data, dst.parent / inside))
     for s, _ in pairs:
         if not s.is_file():
             raise UsageError(f"model file {s} does not exist; fix: check the graph's model paths")
     return pairs
+
+
+def _link_allowed(model: Path, target: Path) -> bool:
+    """Whether an external-data symlink may be followed: to a file inside the model's own folder, or
+    inside a Hugging Face cache's ``blobs/`` (a snapshot's files are links into it:
+    ``models--org--name/snapshots/REV/x.data -> ../../blobs/SHA``)."""
+    folder = model.resolve().parent
+    if target.is_relative_to(folder):
+        return True
+    for parent in model.absolute().parents:
+        if parent.name == "snapshots" and target.is_relative_to((parent.parent / "blobs").resolve()):
+            return True
+    return False
 
 
 def _leaves_folder(rel: str) -> bool:
