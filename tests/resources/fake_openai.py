@@ -33,6 +33,8 @@ class FakeEngine:
     #: non-streamed requests whose client closed the connection before the answer (with ``hold``)
     closed_early: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    #: the Accept-Encoding header of each chat request ("" when absent)
+    encodings: list[str] = field(default_factory=list)
     inflight: int = 0
     max_seen: int = 0
     port: int = 0
@@ -51,6 +53,7 @@ class FakeEngine:
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
         self.bodies.append(body)
+        self.encodings.append(request.headers.get("accept-encoding", ""))
         if self.faults:
             status, headers, payload = self.faults.pop(0)
             if isinstance(payload, bytes):

@@ -312,3 +312,15 @@ def test_a_whole_answer_through_httpx_is_bounded_as_through_usgs_client(
             _ask(_graph(tmp_path, options), {"question": "hi"})
         assert info.value.status == 502
         assert _ask(_graph(tmp_path, options), {"question": "hi"}) == {"answer": "echo: Q: hi"}
+
+
+def test_httpx_asks_the_engine_for_uncompressed_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # httpx asked for gzip: a compressed answer inflates before the size bound sees it (a 1 MiB chunk of gzip'd
+    # zeros is ~1 GiB). Through a proxy (or at https://) USG now asks for identity, as its own client does.
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with RunningEngine(FakeEngine()) as engine:
+        monkeypatch.setenv("HTTP_PROXY", engine.url)  # the "proxy" is the engine: only httpx reaches it
+        options = "url: 'http://engine.invalid:9', model: tiny, engine_stream: false"
+        assert _ask(_graph(tmp_path, options), {"question": "hi"}) == {"answer": "echo: Q: hi"}
+        assert engine.encodings == ["identity"]

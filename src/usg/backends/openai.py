@@ -127,6 +127,10 @@ def _engine_message(resp: Any) -> str:
     return str(err)[:500]
 
 
+#: what USG asks engines for over httpx: uncompressed bodies, so their size bound holds before anything inflates
+_IDENTITY = {"Accept-Encoding": "identity"}
+
+
 def _stream_mode(value: Any, name: str) -> bool | str:
     """``options.engine_stream``: ``auto``, true or false."""
     if isinstance(value, bool) or value == "auto":
@@ -264,7 +268,7 @@ class OpenAIBackend(Backend):
         self.budget.load()
         httpx = _httpx()
         try:
-            with httpx.Client(timeout=min(self.timeout_s, 10.0), headers=self._headers()) as client:
+            with httpx.Client(timeout=min(self.timeout_s, 10.0), headers={**_IDENTITY, **self._headers()}) as client:
                 with client.stream("GET", f"{self.url}/v1/models") as resp:
                     body = bytearray()
                     for piece in resp.iter_bytes():  # as much as the engine client takes (engine_http)
@@ -357,7 +361,9 @@ class OpenAIBackend(Backend):
             else:  # https, or through a proxy: httpx
                 httpx = _httpx()
                 limits = httpx.Limits(max_connections=self.max_inflight, max_keepalive_connections=self.max_inflight)
-                self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
+                # identity: a compressed answer would be bounded only after it inflated (one 1 MiB gzip chunk
+                # of zeros is ~1 GiB); engines answer tokens and JSON, which gain little from compression
+                self._client = httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=_IDENTITY)
             self._client_loop = loop
             self._sem = asyncio.Semaphore(self.max_inflight)
             self._discovery = asyncio.Lock()
