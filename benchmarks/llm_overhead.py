@@ -10,10 +10,13 @@ Starts one ``transformers serve`` (a tiny random-weight Llama on CPU, built here
    event vs the engine's first content delta; USG streams from the engine);
 3. throughput: ``--clients`` concurrent clients, each sending ``--per-client`` questions, direct
    then through USG (``max_inflight`` = clients, so USG holds nothing back); once as plain
-   questions and once streamed (each side's clients read the tokens as they come); the plain
-   rounds also run a bare proxy (``benchmarks/bare_llm_proxy.py``: uvicorn + USG's engine client,
-   no graph) — the floor any process in front of the engine pays on this machine's two cores,
-   which the engine's threads share.
+   questions and once streamed (each side's clients read the tokens as they come; a streamed
+   answer counts only if it ends as a finished one: ``data: [DONE]`` or a ``finish_reason`` from
+   the engine, an
+   ``event: result`` and no ``event: error`` from a proxy); both also run a bare proxy
+   (``benchmarks/bare_llm_proxy.py``: uvicorn + USG's engine client, no graph; streamed, it
+   forwards each engine chunk's deltas as token events) — the floor any process in front of the
+   engine pays on this machine's two cores, which the engine's threads share.
 
 Placements (``benchmarks/llm_placement.py``; ``--placement shared,shared1`` runs both, in that
 order, each with its own engine and servers, and prints each table and a summary): ``shared`` (the
@@ -54,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -112,6 +116,7 @@ outputs:
 """
 
 QUESTION = "What is the total amount due on this invoice?"
+FINISHED = re.compile(rb'^data: .*"finish_reason": ?"')  # an engine's last chunk, stopped for a reason
 
 
 def _direct_body(model: str, max_tokens: int, question: str, stream: bool) -> dict[str, Any]:
@@ -158,6 +163,30 @@ def _usg(client: httpx.Client, url: str, question: str, stream: bool) -> tuple[f
                 first = time.perf_counter()
     end = time.perf_counter()
     return end - t0, (first or end) - t0
+
+
+def _usg_streamed_answer(client: httpx.Client, url: str) -> None:
+    """One streamed question to a proxy at ``url`` (the warm-up), read and checked to its end."""
+    with client.stream("POST", f"{url}/v1/infer", json={"inputs": {"question": QUESTION}, "stream": True}) as resp:
+        resp.raise_for_status()
+        body = resp.read()
+    check_streamed("warm-up", body)
+
+
+def check_streamed(name: str, body: bytes) -> None:
+    """Raise unless ``body`` is a finished streamed answer: the engine's (side ``direct``) last
+    ``data:`` line is ``[DONE]`` or a chunk with a ``finish_reason`` (``transformers serve`` sends no
+    ``[DONE]``); a proxy's (``usg serve``, the bare proxy) has an ``event: result`` and no
+    ``event: error``."""
+    if name == "direct":
+        last = body.rstrip().rpartition(b"\n")[2]
+        if last == b"data: [DONE]" or FINISHED.search(last):
+            return
+    else:
+        events = b"\n" + body
+        if b"\nevent: result\n" in events and b"\nevent: error\n" not in events:
+            return
+    raise RuntimeError(f"side {name}: a streamed answer did not finish; its last bytes: {body[-300:]!r}")
 
 
 def _alternate(n: int, sides: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
@@ -282,6 +311,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
                     _usg(client, urls[side("usg", policy)], QUESTION, stream=True)
                     burl = urls[side("bare", policy)]
                     client.post(f"{burl}/v1/infer", json={"inputs": {"question": QUESTION}}).raise_for_status()
+                    _usg_streamed_answer(client, burl)
             pinning = [check_engine_env(epid, omp)]
             pinning += check_pinning("after warm-up", procs, expected)
             pinning += check_policies(policies, pids)
@@ -314,14 +344,19 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
                     url, body = f"{urls[name]}/v1/infer", {"inputs": {"question": q}, "stream": stream}
                 async with client.stream("POST", url, json=body) as r:
                     r.raise_for_status()
-                    async for _ in r.aiter_bytes():
-                        pass
+                    if not stream:
+                        async for _ in r.aiter_bytes():
+                            pass
+                        return
+                    pieces = [piece async for piece in r.aiter_bytes()]
+                check_streamed(name, b"".join(pieces))
 
             return send
 
         rps: dict[bool, dict[str, float]] = {}
         pal_rps: dict[bool, list[dict[str, float]]] = {}  # per palindrome, each side's req/s
         load_cpu: dict[str, float] = {}
+        load_cpu_streamed: dict[str, float] = {}
         client_cpu: dict[str, float] = {}
         busy: dict[bool, dict[str, dict[int, float]]] = {}
         engine_cpu: dict[bool, dict[str, float]] = {}  # the engine's CPU ms a question, per side
@@ -330,8 +365,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         # nonvoluntary switches and its wait for a core (ms)
         switches: dict[bool, dict[str, dict[str, float]]] = {}
         for stream in (False, True):
-            kinds = ("usg",) if stream else ("usg", "bare")
-            ahead = [side(kind, policy) for policy in policies for kind in kinds]
+            ahead = [side(kind, policy) for policy in policies for kind in ("usg", "bare")]
             palindrome = ("direct", *ahead, *reversed(ahead), "direct")
             print(
                 f"throughput{' (streamed)' if stream else ''}: {args.clients} concurrent clients x "
@@ -385,6 +419,10 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
             if not stream:
                 load_cpu = {name: cpu / done * 1e3 for name, (done, _, cpu, _) in totals.items() if name in pids}
                 client_cpu = {name: me / done * 1e3 for name, (done, _, _, me) in totals.items()}
+            else:
+                load_cpu_streamed = {
+                    name: cpu / done * 1e3 for name, (done, _, cpu, _) in totals.items() if name in pids
+                }
             busy[stream] = {name: {c: b / max(t, 1) for c, (b, t) in cores.items()} for name, cores in ticks.items()}
             engine_cpu[stream] = {name: sum(per_thread[name].values()) / totals[name][0] * 1e3 for name in per_thread}
             engine_threads[stream] = {name: busy_threads({}, per_thread[name], totals[name][1]) for name in per_thread}
@@ -413,6 +451,7 @@ def run_placement(placement: str, args: argparse.Namespace, model_dir: Path, tmp
         "rps": rps,
         "pal_rps": pal_rps,
         "load_cpu": load_cpu,
+        "load_cpu_streamed": load_cpu_streamed,
         "client_cpu": client_cpu,
         "busy": busy,
         "engine_cpu": engine_cpu,
@@ -489,10 +528,19 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, f
             "usg_rps": rps[False][u],
             "bare_rps": rps[False][b],
             "usg_streamed_rps": rps[True][u],
+            "bare_streamed_rps": rps[True][b],
             "usg": rps[False][u] / rps[False]["direct"],
             "bare": rps[False][b] / rps[False]["direct"],
             "usg_bare": rps[False][u] / rps[False][b],
             "streamed": rps[True][u] / rps[True]["direct"],
+            "streamed_bare": rps[True][b] / rps[True]["direct"],
+            "streamed_usg_bare": rps[True][u] / rps[True][b],
+            "cpu_streamed": r["load_cpu_streamed"][u],
+            "cpu_bare_streamed": r["load_cpu_streamed"][b],
+            "engine_cpu_streamed_usg": r["engine_cpu"][True][u],
+            "engine_cpu_streamed_bare": r["engine_cpu"][True][b],
+            "engine_nv_streamed_bare": sws[b]["engine_nvcsw"],
+            "proxy_wait_streamed_bare": sws[b]["proxy_wait"],
             "cpu": load_cpu[u],
             "cpu_bare": load_cpu[b],
             "engine_cpu_usg": r["engine_cpu"][False][u],
@@ -523,6 +571,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, f
     row("  bare proxy / direct (floor)", [f"{x['bare']:.3f}x" for x in ps])
     row("  USG / bare proxy", [f"{x['usg_bare']:.3f}x" for x in ps])
     row("  streamed USG / direct", [f"{x['streamed']:.3f}x" for x in ps], ">= 0.95x")
+    row("  streamed bare proxy / direct (floor)", [f"{x['streamed_bare']:.3f}x" for x in ps])
+    row("  streamed USG / bare proxy", [f"{x['streamed_usg_bare']:.3f}x" for x in ps])
     if len(r["pal_rps"][False]) > 1:  # --palindromes: each palindrome's ratio, and their spread
         for stream, label in ((False, "USG / direct"), (True, "streamed USG / direct")):
             for policy in policies:
@@ -532,8 +582,18 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, f
                     + ", ".join(f"{x:.3f}x" for x in ratios)
                     + f"  (median {statistics.median(ratios):.3f}x)"
                 )
+        for stream, label in ((False, "bare proxy / direct"), (True, "streamed bare proxy / direct")):
+            for policy in policies:
+                ratios = [pal[side("bare", policy)] / pal["direct"] for pal in r["pal_rps"][stream]]
+                print(
+                    f"  {label} by palindrome{'' if policy == 'normal' else f' ({policy})'}: "
+                    + ", ".join(f"{x:.3f}x" for x in ratios)
+                    + f"  (median {statistics.median(ratios):.3f}x)"
+                )
     row("CPU a question under load, USG (ms)", [f"{x['cpu']:.2f}" for x in ps])
     row("  bare proxy (ms)", [f"{x['cpu_bare']:.2f}" for x in ps])
+    row("  streamed, USG (ms)", [f"{x['cpu_streamed']:.2f}" for x in ps])
+    row("  streamed, bare proxy (ms)", [f"{x['cpu_bare_streamed']:.2f}" for x in ps])
     ec, sw = r["engine_cpu"][False], r["switches"][False]
     print(
         f"engine CPU a question (ms): direct {ec['direct']:.2f}; engine threads' nonvoluntary switches a question: "
@@ -541,15 +601,20 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, f
     )
     row("  engine CPU a question, USG rounds (ms)", [f"{x['engine_cpu_usg']:.2f}" for x in ps])
     row("  the same, bare rounds (ms)", [f"{x['engine_cpu_bare']:.2f}" for x in ps])
+    print(f"engine CPU a streamed question (ms): direct {r['engine_cpu'][True]['direct']:.2f}")
+    row("  the same, streamed USG rounds (ms)", [f"{x['engine_cpu_streamed_usg']:.2f}" for x in ps])
+    row("  the same, streamed bare rounds (ms)", [f"{x['engine_cpu_streamed_bare']:.2f}" for x in ps])
     row("  engine nonvol. switches a q., USG", [f"{x['engine_nv_usg']:.2f}" for x in ps])
     row("  the same, bare", [f"{x['engine_nv_bare']:.2f}" for x in ps])
     row("  the same, streamed USG", [f"{x['engine_nv_streamed']:.2f}" for x in ps])
+    row("  the same, streamed bare", [f"{x['engine_nv_streamed_bare']:.2f}" for x in ps])
     row("usg serve wake-ups (vol. switches) a q.", [f"{x['proxy_v_usg']:.2f}" for x in ps])
     row("  its nonvoluntary switches a q.", [f"{x['proxy_nv_usg']:.2f}" for x in ps])
     row("  its wait for a core a q. (ms)", [f"{x['proxy_wait_usg']:.3f}" for x in ps])
     row("  the same, streamed (ms)", [f"{x['proxy_wait_streamed']:.3f}" for x in ps])
     row("bare proxy wake-ups a q.", [f"{x['proxy_v_bare']:.2f}" for x in ps])
     row("  its wait for a core a q. (ms)", [f"{x['proxy_wait_bare']:.3f}" for x in ps])
+    row("  the same, streamed (ms)", [f"{x['proxy_wait_streamed_bare']:.3f}" for x in ps])
     cc = r["client_cpu"]
     print("clients CPU per question (ms): " + "  ".join(f"{k} {v:.2f}" for k, v in cc.items()))
     shared = r["placement"] != "split"
@@ -600,12 +665,14 @@ def print_summary(summary: list[tuple[str, dict[str, float]]]) -> None:
     print(
         f"{'placement/policy':<24}{'direct':>8}{'streamed':>9}{'USG/direct':>11}{'USG/best':>9}{'bare/direct':>12}"
         f"{'bare/best':>10}{'USG/bare':>9}{'str./direct':>12}{'str./best':>10}{'p50 added':>10}{'TTFT added':>11}"
+        f"{'str.bare/dir.':>14}{'str.USG/bare':>13}"
     )
     for name, s in summary:
         print(
             f"{name:<24}{s['direct']:>8.2f}{s['direct_streamed']:>9.2f}{s['usg']:>10.3f}x"
             f"{s['usg_rps'] / b:>8.3f}x{s['bare']:>11.3f}x{s['bare_rps'] / b:>9.3f}x{s['usg_bare']:>8.3f}x"
             f"{s['streamed']:>11.3f}x{s['usg_streamed_rps'] / bs:>9.3f}x{s['lat']:>+10.1f}{s['ttft']:>+11.1f}"
+            f"{s['streamed_bare']:>13.3f}x{s['streamed_usg_bare']:>12.3f}x"
         )
     print(
         f"{'placement/policy':<24}{'CPU/question USG/bare':>22}{'engine CPU/q direct/USG':>25}"
