@@ -262,3 +262,14 @@ def test_usg_run_prints_lines_whose_box_is_four_numbers(capsys):
 
     _render(InferResult({"lines": [{"text": "total", "score": 0.9, "box": [0, 0, 10, 10]}]}))
     assert "lines: [{'text': 'total', 'score': 0.9, 'box': [0, 0, 10, 10]}]" in capsys.readouterr().out
+
+
+def test_a_dir_that_cannot_be_created_is_a_usage_error(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(tmp_path / "relu.onnx", [helper.make_node("Relu", ["x"], ["y"])], [x], [y])
+    # a --dir under a file (a typo of the folder name): was "internal error: NotADirectoryError"
+    code, _, err = run_cli(["init", str(model), "--dir", str(model / "sub")], capsys)
+    assert code == EXIT_USAGE
+    assert "internal error" not in err
+    assert f"--dir {model / 'sub'}: cannot create" in err and "fix: pass a --dir" in err

@@ -312,6 +312,18 @@ def _check_free(paths: list[Path], force: bool) -> None:
         raise UsageError(f"{', '.join(taken)} already exist(s); fix: pass --force to overwrite, or another --name")
 
 
+def _make_dir(path: Path) -> None:
+    """Create ``path`` (and ``--dir``) or say which --dir to pass: a --dir under a file, or one this
+    user cannot create, was an internal error (NotADirectoryError, PermissionError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--dir {path.parent}: cannot create {path} ({exc.strerror or type(exc).__name__}); "
+            "fix: pass a --dir that is a folder you can write to (it is created if missing)"
+        ) from None
+
+
 class _Writer:
     """Builds the graph document, the ops module and the samples, one model input kind at a time."""
 
@@ -428,7 +440,7 @@ def write_scaffold(
     for p in inputs:
         if kinds[p.name] == "tensor":
             _check_sample_size(p)  # before anything is written
-    sample_dir.mkdir(parents=True, exist_ok=True)
+    _make_dir(sample_dir)
     w = _Writer(model_path, graph_path, sample_dir, ident, len(inputs))
     images = [p for p in inputs if kinds[p.name] == "image"]
     for p in images:
