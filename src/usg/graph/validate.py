@@ -19,7 +19,7 @@ from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
 from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref, model_output, wireable_outputs
-from usg.graph.options import model_option_problems
+from usg.graph.options import model_option_problems, onnxruntime_option_problems
 from usg.graph.state import state_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
 from usg.specs import TensorSpec, merge_declared
@@ -129,6 +129,8 @@ class _Validator:
                 )
                 continue
             self.problems += model_option_problems(where, m.options)
+            if m.backend == "onnxruntime":
+                self.problems += onnxruntime_option_problems(where, m.options)
             if kind.needs_path:
                 # a path the loader could not resolve is reported already, as models.NAME.path
                 if m.path is None and f"{where}.path" not in self.reported:
