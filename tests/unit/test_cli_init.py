@@ -117,6 +117,10 @@ def test_tune_models_names_the_onnx_models_only(tmp_path, capsys):
     assert code == EXIT_USAGE and "--models tokenizer: not an ONNX model of the graph; fix: use some of model" in text
     code, _, err = run_cli([*args, "--models", "modle"], capsys)
     assert code == EXIT_USAGE and "--models modle: not in the graph; fix: use some of model" in " ".join(err.split())
+    # the text sample is in NAME_samples/ too (the folder was empty): tune reads it
+    assert (tmp_path / "g" / "ids_txt_samples" / "text.txt").read_text() == "hello from usg init\n"
+    code, _, err = run_cli([*args, "--models", "model", "--batch-sizes", "1"], capsys)
+    assert code == 0, err
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):

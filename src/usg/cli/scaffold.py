@@ -388,7 +388,10 @@ class _Writer:
             self.nodes["tokenize"] = {"fn": f"{self.ident}_ops:tokenize", "inputs": {"text": f"inputs.{gin}"}}
         for p in ports:
             self.wiring[p.name] = f"tokenize.{p.name}"
-        self.samples[gin] = "hello from usg init"
+        self.samples[gin] = "hello from usg init"  # given inline on the printed `usg run` line
+        # and as a file, like every other input's sample: `usg tune/bench/quantize --inputs NAME_samples/`
+        # read it (the folder was empty for a text model, so they found "no images and no .txt files")
+        (self.sample_dir / f"{gin}.txt").write_text(self.samples[gin] + "\n", encoding="utf-8")
 
 
 def _model_doc(model_path: Path, out_dir: Path, inputs: list[ModelPort]) -> dict[str, Any]:
