@@ -378,3 +378,12 @@ outputs: {fraction: area.fraction, out: free.out}
     assert "nodes.area.inputs: fn 'area_ops:text_area' needs argument 'prob'" in text
     assert "free" not in text  # **kwargs takes any port
     assert len(exc.value.problems) == 2
+
+
+def test_an_onnx_model_given_as_the_graph_points_at_usg_init(tmp_path):
+    # `usg run model.onnx -i ...`: was "graph is invalid ... fix: pass a UTF-8 YAML file" (no file named)
+    model = tmp_path / "det.onnx"
+    model.write_bytes(b"\x08\x08\x3a\xa0\xff\x00binary protobuf")
+    with pytest.raises(GraphError, match=r"^graph '.*det\.onnx' is invalid") as exc:
+        load_graph(model)
+    assert f"fix: det.onnx is an ONNX model, not a graph: `usg init {model}` writes a runnable graph" in str(exc.value)
