@@ -231,6 +231,7 @@ def test_a_url_without_a_scheme_is_a_graph_error_naming_the_fix(tmp_path: Path) 
     # reachable (UnsupportedProtocol ...); fix: start it", which sends the reader after the engine
     with pytest.raises(GraphError, match=r"models.llm.options.url: url '127.0.0.1:8000' is not an http") as exc:
         _ask(_graph(tmp_path, "url: '127.0.0.1:8000', model: tiny"), {"question": "hi"})
+    assert str(exc.value).startswith(f"graph {str(tmp_path / 'graph.yaml')!r} is invalid")  # was "graph is invalid"
     assert "fix: write the scheme too, e.g. url: http://127.0.0.1:8000" in str(exc.value)
 
 
