@@ -157,10 +157,20 @@ class Overloaded(USGError):
     status = 429
     reason = "overloaded"
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, why: str = "queue_full") -> None:
+    def __init__(
+        self, message: str, *, retry_after: float = 1.0, why: str = "queue_full", fix: str | None = None
+    ) -> None:
         self.retry_after = retry_after
         self.why = why
-        super().__init__(message)
+        self.fix = fix
+        self.detail = message  # without the fix, which JSON bodies and stream events carry in their own field
+        super().__init__(message if fix is None else f"{message}; fix: {fix}")
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"error": self.reason, "message": self.detail}
+        if self.fix is not None:
+            out["fix"] = self.fix
+        return out
 
 
 class StateError(USGError):

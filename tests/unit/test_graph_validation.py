@@ -351,3 +351,39 @@ def test_an_empty_environment_variable_is_named_as_empty(tmp_path, monkeypatch):
         load_graph(graph_file(tmp_path, path='"${USG_TEST_EMPTY_DIR}/tok.json"'))
     with pytest.raises(GraphError, match=r"environment variable \$\{USG_TEST_UNSET_DIR\} is not set\n.*fix: export"):
         load_graph(graph_file(tmp_path, path='"${USG_TEST_UNSET_DIR}/tok.json"'))
+
+
+def test_a_fn_node_wired_to_a_port_its_function_does_not_take(tmp_path):
+    # the quick start's text_area(prob, *, threshold) wired as `probs:` built, then every request
+    # failed with "raised TypeError: text_area() got an unexpected keyword argument 'probs'"
+    (tmp_path / "area_ops.py").write_text(
+        "def text_area(prob, *, threshold=0.3):\n    return {'fraction': prob}\n"
+        "def any_port(**ports):\n    return {'out': 1}\n"
+    )
+    p = tmp_path / "g.yaml"
+    p.write_text(
+        """
+inputs: {x: {modality: tensor}}
+nodes:
+  area: {fn: "area_ops:text_area", inputs: {probs: inputs.x}, options: {threshold: 0.5}}
+  free: {fn: "area_ops:any_port", inputs: {whatever: inputs.x}}
+outputs: {fraction: area.fraction, out: free.out}
+"""
+    )
+    with pytest.raises(GraphError) as exc:
+        load_graph(p)
+    text = str(exc.value)
+    assert "nodes.area.inputs.probs: fn 'area_ops:text_area' takes no argument 'probs'" in text
+    assert "did you mean 'prob'?" in text
+    assert "nodes.area.inputs: fn 'area_ops:text_area' needs argument 'prob'" in text
+    assert "free" not in text  # **kwargs takes any port
+    assert len(exc.value.problems) == 2
+
+
+def test_an_onnx_model_given_as_the_graph_points_at_usg_init(tmp_path):
+    # `usg run model.onnx -i ...`: was "graph is invalid ... fix: pass a UTF-8 YAML file" (no file named)
+    model = tmp_path / "det.onnx"
+    model.write_bytes(b"\x08\x08\x3a\xa0\xff\x00binary protobuf")
+    with pytest.raises(GraphError, match=r"^graph '.*det\.onnx' is invalid") as exc:
+        load_graph(model)
+    assert f"fix: det.onnx is an ONNX model, not a graph: `usg init {model}` writes a runnable graph" in str(exc.value)

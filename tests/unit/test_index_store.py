@@ -147,8 +147,12 @@ def test_replace_and_remove_documents(tmp_path: Path) -> None:
     assert len(shard) == 13 and len(shard.lines) == 13 and shard.documents["a.png"].sha256 == "e" * 64
     texts = {h.text for h in idx.search(a[4], encoder_digest=DIGEST, k=13)}
     assert texts == {"n0", "n1", "n2"} | {f"b.png line {i}" for i in range(10)}  # old lines of a.png are gone
-    with pytest.raises(UsageError, match=r"no document\(s\) \['zz.png'\]; fix: use ids as indexed"):
+    with pytest.raises(UsageError, match=r"no document\(s\) \['zz.png'\]; fix: use ids as indexed") as exc:
         remove_documents(idx, ["zz.png"], collection="c")
+    assert "(`usg index info INDEX --documents` lists them)" in str(exc.value)  # without --documents it does not
+    # the id as `usg search` prints it (COLLECTION/ID): the message says what to drop
+    with pytest.raises(UsageError, match=r"fix: drop the collection prefix `usg search` prints \('b.png'\)"):
+        remove_documents(idx, ["c/b.png"], collection="c")
     remove_documents(idx, ["b.png"], collection="c")
     again = DocumentIndex.open(tmp_path / "idx")
     assert sorted(again.shards["c"].documents) == ["a.png"]

@@ -226,6 +226,33 @@ def test_no_url_is_a_graph_error(tmp_path: Path) -> None:
         _ask(_graph(tmp_path, "model: tiny"), {"question": "hi"})
 
 
+def test_a_url_without_a_scheme_is_a_graph_error_naming_the_fix(tmp_path: Path) -> None:
+    # USG_LLM_URL=127.0.0.1:8000 (no http://) failed at the first request as "the engine ... is not
+    # reachable (UnsupportedProtocol ...); fix: start it", which sends the reader after the engine
+    with pytest.raises(GraphError, match=r"models.llm.options.url: url '127.0.0.1:8000' is not an http") as exc:
+        _ask(_graph(tmp_path, "url: '127.0.0.1:8000', model: tiny"), {"question": "hi"})
+    assert str(exc.value).startswith(f"graph {str(tmp_path / 'graph.yaml')!r} is invalid")  # was "graph is invalid"
+    assert "fix: write the scheme too, e.g. url: http://127.0.0.1:8000" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("option", "fix"),
+    [
+        ("max_tokens: lots", "use a whole number >= 1 (default 256)"),
+        ("timeout_s: soon", "use a number of seconds > 0 (default 120.0)"),
+        ("max_inflight: many", "use a whole number >= 1 (default 8)"),
+        ("retries: 1.5", "use a whole number >= 0 (default 3)"),
+        ("timeout_s: .nan", "use a number of seconds > 0"),
+    ],
+)
+def test_a_numeric_option_that_is_not_one_is_a_graph_error(tmp_path: Path, option: str, fix: str) -> None:
+    # max_tokens: lots / timeout_s: soon were internal errors (ValueError) when the executor started
+    key = option.split(":")[0]
+    with pytest.raises(GraphError, match=rf"models.llm.options.{key}: {key} is ") as exc:
+        _ask(_graph(tmp_path, f"url: 'http://127.0.0.1:9', model: tiny, {option}"), {"question": "hi"})
+    assert fix in str(exc.value)
+
+
 def test_max_inflight_caps_what_the_engine_sees(tmp_path: Path) -> None:
     with RunningEngine(FakeEngine(delay_s=0.05)) as engine:
         graph = load_graph(_graph(tmp_path, f"url: '{engine.url}', max_inflight: 3"))

@@ -148,3 +148,16 @@ def test_nan_values_a_model_emitted_are_data_not_damage(tmp_path: Path) -> None:
     for name in ("nan.json", "null.json"):
         res = CliRunner().invoke(cli, ["drift", str(ref), str(tmp_path / name)], standalone_mode=False)
         assert res.exit_code in (0, 1) and isinstance(res.exception, (SystemExit, type(None))), (name, res.exception)
+
+
+def test_a_window_given_as_the_reference_is_refused_as_swapped_arguments(tmp_path: Path) -> None:
+    """`usg drift window.json ref.json` (the arguments swapped) compared the reference against the
+    window and printed a drift table, exit 0; a window from GET /v1/monitor/window says what it is."""
+    ref = _profile(tmp_path)
+    doc = json.loads(ref.read_text())
+    window = tmp_path / "window.json"
+    window.write_text(json.dumps({**{k: v for k, v in doc.items() if k not in ("failed", "monitor")}, "window": True}))
+    res = CliRunner().invoke(cli, ["drift", str(ref), str(window)], standalone_mode=False)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # the right order runs
+    with pytest.raises(UsageError, match=r"the two are swapped; fix: usg drift .*ref\.json .*window\.json$"):
+        CliRunner().invoke(cli, ["drift", str(window), str(ref)], standalone_mode=False, catch_exceptions=False)

@@ -174,6 +174,17 @@ def test_api_key_on_inference_and_metrics_not_on_health() -> None:
         assert c.get("/metrics", headers=ok).status_code == 200
 
 
+def test_a_wrong_method_or_path_names_the_fix() -> None:
+    # were {"error": "method_not_allowed", "message": "Method Not Allowed: /v1/infer"} and "Not Found: ..."
+    with TestClient(create_app(tiny_graph())) as c:
+        r = c.get("/v1/infer")
+        assert r.status_code == 405
+        assert r.json()["message"] == "Method Not Allowed: /v1/infer" and r.json()["fix"] == "send /v1/infer as POST"
+        r = c.post("/v1/infr", json={})
+        assert r.status_code == 404 and r.json()["error"] == "not_found"
+        assert "use POST /v1/infer" in r.json()["fix"] and "GET /openapi.json" in r.json()["fix"]
+
+
 def test_openapi_lists_the_graph_inputs() -> None:
     with TestClient(create_app(tiny_graph())) as c:
         doc = c.get("/openapi.json").json()

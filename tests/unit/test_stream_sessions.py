@@ -19,6 +19,7 @@ from usg.graph.state import StateSpec
 from usg.runtime import Executor
 from usg.specs import AudioSpec, TensorSpec
 from usg.stream import Session, SessionLimits, SessionManager
+from usg.stream.session import error_event
 from usg.stream.wire import encode_chunk, parse_binary, parse_text
 from usg.testing import FakeBackend
 
@@ -144,11 +145,14 @@ def test_limits_refuse_with_the_fix() -> None:
                 s.send("video", b"x", 0.0)
             for i in range(3):
                 s.send("audio", np.zeros(512, np.float32), i * 32.0)
-            with pytest.raises(Overloaded, match="faster than 5/s \\(burst 3\\)"):
+            with pytest.raises(Overloaded, match="faster than 5/s \\(burst 3\\)") as exc:
                 s.send("audio", np.zeros(512, np.float32), 96.0)
+            # the error event a WS client gets names the fix in its `fix` field (it was null)
+            assert "raise --stream-limit max_chunks_per_s" in str(error_event(exc.value)["fix"])
             manager.open()
-            with pytest.raises(Overloaded, match="2 sessions are open \\(limit 2\\)"):
+            with pytest.raises(Overloaded, match="2 sessions are open \\(limit 2\\)") as exc:
                 manager.open()
+            assert "raise --stream-limit max_sessions" in str(error_event(exc.value)["fix"])
             reader = asyncio.create_task(_drain(s))
             await s.close()
             await reader

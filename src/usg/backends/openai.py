@@ -157,6 +157,29 @@ def _expand(value: Any, where: str) -> str:
     return text
 
 
+def _option_number(opts: Mapping[str, Any], key: str, default: Any, model: str, *, integer: bool, low: float) -> Any:
+    """A numeric option (``max_inflight``, ``timeout_s``, ``retries``, ``max_tokens``), or a graph
+    problem naming it: ``max_tokens: lots`` or ``timeout_s: soon`` were internal errors (ValueError)
+    at start, ``max_inflight: 0`` was taken as 1 and ``retries: -1`` as 0 without a word."""
+    value = opts.get(key, default)
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if ok and (not math.isfinite(value) or value < low or (not integer and value == low)):
+        ok = False
+    if not ok:
+        what = "a whole number" if integer else "a number of seconds"
+        bound = f">= {low:g}" if integer else f"> {low:g}"
+        raise GraphError(
+            [
+                GraphProblem(
+                    f"models.{model}.options.{key}",
+                    f"{key} is {value!r}",
+                    f"use {what} {bound} (default {default}), or leave it out",
+                )
+            ]
+        )
+    return int(value) if integer else float(value)
+
+
 def _model_list(resp: Any) -> tuple[list[dict[str, Any]], str | None]:
     """The entries of a ``GET /v1/models`` answer, or what is wrong with it (``"not JSON"``, ...)."""
     try:
@@ -217,14 +240,25 @@ class OpenAIBackend(Backend):
                     )
                 ]
             )
+        if not re.match(r"https?://[^/]", url, re.IGNORECASE):
+            # without a scheme the first request failed as "the engine is not reachable ... start it"
+            raise GraphError(
+                [
+                    GraphProblem(
+                        f"models.{self.name}.options.url",
+                        f"url {url!r} is not an http:// or https:// address",
+                        f"write the scheme too, e.g. url: http://{url.split('://')[-1] or '127.0.0.1:8000'}",
+                    )
+                ]
+            )
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url
         model = _expand(opts["model"], f"models.{self.name}.options.model") if opts.get("model") else None
         self.model: str | None = model or None
         self.api_key_env = opts.get("api_key_env")
-        self.max_inflight = max(1, int(opts.get("max_inflight", 8)))
-        self.timeout_s = float(opts.get("timeout_s", 120.0))
-        self.retries = max(0, int(opts.get("retries", 3)))
-        self.max_tokens = int(opts.get("max_tokens", DEFAULT_MAX_TOKENS))
+        self.max_inflight = _option_number(opts, "max_inflight", 8, self.name, integer=True, low=1)
+        self.timeout_s = _option_number(opts, "timeout_s", 120.0, self.name, integer=False, low=0)
+        self.retries = _option_number(opts, "retries", 3, self.name, integer=True, low=0)
+        self.max_tokens = _option_number(opts, "max_tokens", DEFAULT_MAX_TOKENS, self.name, integer=True, low=1)
         self.temperature = opts.get("temperature")
         self.endpoint = openai_api.check_endpoint(opts.get("endpoint"), self.name)
         self.budget = PromptBudget(opts, self.name)

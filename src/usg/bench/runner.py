@@ -130,6 +130,7 @@ class _Run:
         self.systems: list[Any] = []
         self.merged: dict[tuple[str, float], LoadResult] = {}
         self.bounds: list[dict[str, Any]] = []
+        self._cache_noted = False
 
     async def start_systems(self) -> None:
         """Start USG, then each baseline, checking the baseline's outputs against USG's."""
@@ -192,6 +193,17 @@ class _Run:
         """USG's per-model breakdown of the run, and the model-only bound measured right after it."""
         models = await _breakdown(self.usg)
         self.report.breakdowns[run_label(result)] = models
+        hits = getattr(self.usg, "last_cache_hits", 0.0)
+        if hits and self.cfg.repeat_rate is None and not self._cache_noted:
+            # in process the bench turns the node cache off; a server's cache is the server's, and cycling
+            # over a few samples measured its hits (hundreds of requests/s, every model idle)
+            self._cache_noted = True
+            self.report.notes.append(
+                f"{run_label(result)}: the server answered {hits:.0f} node lookups from its node cache in the "
+                f"measured window (the bench cycles over {len(self.cfg.samples)} sample(s)), so its figures "
+                "measure cache hits; fix: restart it with `usg serve GRAPH --no-cache`, or pass --repeat-rate R "
+                "to measure a known share of repeated inputs"
+            )
         if self.bound is None:
             return
         self.log("measuring the model-only bound")

@@ -162,15 +162,20 @@ def takes_documents(graph: Graph | None) -> bool:
 _DOCUMENT_INPUTS = frozenset({"image", "text"})
 
 
-def load_samples(path: str | Path, graph: Graph | None = None) -> list[Sample]:
+def load_samples(path: str | Path, graph: Graph | None = None, *, required: bool = False) -> list[Sample]:
     """Samples from a file or a folder: each image is one sample; ``.txt`` files give texts
     (one per non-empty line) that are paired with the images in turn (or sent alone).
     A ``graph`` with other inputs (tensors, audio, ...) reads the folder as ``usg profile`` does:
     files named after an input (``x.npy``, ``mask.npy``: what ``usg init`` writes) form one request,
-    ``STEM.INPUT.npy`` files one request per stem, ``.jsonl`` lines one request each."""
+    ``STEM.INPUT.npy`` files one request per stem, ``.jsonl`` lines one request each.
+    ``required``: the command has no default inputs (``usg quantize``), so the fix does not say
+    to leave ``--inputs`` out."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"--inputs {path}: no such file or folder; fix: pass images/texts or leave it out")
+        documents = takes_documents(graph)
+        what = "images / .txt files" if documents else "sample inputs (as `usg init` writes them)"
+        leave = "" if required or not documents else ", or leave --inputs out (rendered documents and queries)"
+        raise UsageError(f"--inputs {path}: no such file or folder; fix: pass a folder or file of {what}{leave}")
     if not takes_documents(graph):
         assert graph is not None
         from usg.monitor.profile import collect_requests

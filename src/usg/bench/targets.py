@@ -63,6 +63,18 @@ class InProcessTarget:
         await self.executor.aclose()
 
 
+def cache_hits(metrics: str) -> float:
+    """Node-cache hits in a ``/metrics`` text (``usg_cache_lookups_total{..., outcome="hit"}``, summed)."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("usg_cache_lookups_total{") and 'outcome="hit"' in line:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return total
+
+
 class UrlTarget:
     """A running ``usg serve``: ``POST /v1/infer`` (JSON, base64 PNG images); the per-model
     breakdown is the difference of ``/metrics`` scraped before and after the measured window."""
@@ -83,6 +95,8 @@ class UrlTarget:
         self._before = ""
         self._requests_at_mark = 0
         self._requests = 0
+        #: node-cache hits the server counted in the last measured window (its /metrics)
+        self.last_cache_hits = 0.0
 
     async def start(self) -> None:
         try:
@@ -125,6 +139,7 @@ class UrlTarget:
         after = await self.scrape()
         if not after:
             return []
+        self.last_cache_hits = max(0.0, cache_hits(after) - cache_hits(self._before))
         return breakdown_from_metrics(self._before, after, self._requests - self._requests_at_mark)
 
     async def aclose(self) -> None:

@@ -262,11 +262,17 @@ def tune(
     graph = load_graph_for_cli(graph_path, tuned=False)  # profile from the graph as written
     sizes = _int_list(batch_sizes, "--batch-sizes")
     threads = _int_list(threads_opt, "--threads") if threads_opt else tuple(range(1, (os.cpu_count() or 1) + 1))
-    samples = load_samples(inputs_path, graph) if inputs_path else default_samples(graph)
     wanted = {m.strip() for m in only.split(",") if m.strip()}
-    bad = sorted(wanted - set(graph.models))
+    onnx = sorted(n for n, m in graph.models.items() if m.backend == "onnxruntime")  # what capture_items records
+    bad = sorted(wanted - set(onnx))
     if bad:
-        raise UsageError(f"--models {','.join(bad)}: not in the graph; fix: use {', '.join(sorted(graph.models))}")
+        # a tokenizer (or an engine) model was accepted and then reported as "every batch takes over 1 GiB"
+        what = "not an ONNX model of the graph" if set(bad) <= set(graph.models) else "not in the graph"
+        raise UsageError(
+            f"--models {','.join(bad)}: {what}; fix: use some of {', '.join(onnx) or '(none)'} "
+            "(usg tune profiles the ONNX Runtime models)"
+        )
+    samples = load_samples(inputs_path, graph) if inputs_path else default_samples(graph)
     log = (lambda _m: None) if as_json else (lambda m: err_console.print(f"[dim]{escape(m)}[/]"))
     log(f"capturing model inputs from {len(samples)} sample request(s)")
     items, requests = capture_items(graph, samples)
@@ -289,11 +295,12 @@ def tune(
             profiles[name] = points
             choices[name] = choose(points, p95_ms)
     if not profiles:
-        why = (
-            f"every --batch-sizes value makes a batch whose inputs take over {MAX_BATCH_BYTES // 2**30} GiB"
-            if items
-            else "the graph has no ONNX model whose inputs the sample requests reached"
-        )
+        if wanted and not wanted & items.keys():
+            why = f"the sample requests reached none of --models {','.join(sorted(wanted))}"
+        elif items:
+            why = f"every --batch-sizes value makes a batch whose inputs take over {MAX_BATCH_BYTES // 2**30} GiB"
+        else:
+            why = "the graph has no ONNX model whose inputs the sample requests reached"
         raise UsageError(f"nothing was profiled: {why}; fix: pass smaller --batch-sizes, or other --inputs/--models")
     out_path = sidecar_path(graph_path)
     doc = None if dry_run else write_sidecar(graph, choices, profiles, per_request, p95_ms, out_path)

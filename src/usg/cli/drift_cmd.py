@@ -8,6 +8,7 @@ import sys
 import click
 
 from usg.cli.common import FiniteFloatRange, out_console
+from usg.errors import UsageError
 
 __all__ = ["drift"]
 
@@ -31,6 +32,13 @@ def drift(reference: str, window: str, as_json: bool, p_value: float | None) -> 
     from usg.monitor.profile import load_profile
 
     ref, cur = load_profile(reference), load_profile(window)
+    if ref.get("window") is True and cur.get("window") is not True:
+        # a window (GET /v1/monitor/window) given as the reference and the reference as the window:
+        # the tests would run the other way round and report the reference's drift from the window
+        raise UsageError(
+            f"REFERENCE {reference} is a serving window (from GET /v1/monitor/window) and WINDOW {window} "
+            f"is not: the two are swapped; fix: usg drift {window} {reference}"
+        )
     saved = {k: v for k, v in ref.get("monitor", {}).get("thresholds", {}).items() if k in Thresholds.__annotations__}
     if p_value is not None:
         saved["p_value"] = p_value

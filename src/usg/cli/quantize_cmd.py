@@ -69,7 +69,7 @@ def quantize(
     parsed = tuple(parse_guard(g) for g in guards)
     names = tuple(n.strip() for n in models.split(",") if n.strip())
     graph = load_graph_for_cli(graph_path, quantized=False)  # tuned batch sizes apply; FP32 models
-    samples = load_samples(inputs_path, graph)
+    samples = load_samples(inputs_path, graph, required=True)
     sidecar = quant_sidecar_path(Path(graph_path).resolve())
     target = Path(out_dir) if out_dir else sidecar.with_suffix("")  # GRAPH.quant/
     _check_outputs(target, Path(html_path) if html_path else None)  # before minutes of calibration

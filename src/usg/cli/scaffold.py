@@ -312,6 +312,18 @@ def _check_free(paths: list[Path], force: bool) -> None:
         raise UsageError(f"{', '.join(taken)} already exist(s); fix: pass --force to overwrite, or another --name")
 
 
+def _make_dir(path: Path) -> None:
+    """Create ``path`` (and ``--dir``) or say which --dir to pass: a --dir under a file, or one this
+    user cannot create, was an internal error (NotADirectoryError, PermissionError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--dir {path.parent}: cannot create {path} ({exc.strerror or type(exc).__name__}); "
+            "fix: pass a --dir that is a folder you can write to (it is created if missing)"
+        ) from None
+
+
 class _Writer:
     """Builds the graph document, the ops module and the samples, one model input kind at a time."""
 
@@ -376,7 +388,10 @@ class _Writer:
             self.nodes["tokenize"] = {"fn": f"{self.ident}_ops:tokenize", "inputs": {"text": f"inputs.{gin}"}}
         for p in ports:
             self.wiring[p.name] = f"tokenize.{p.name}"
-        self.samples[gin] = "hello from usg init"
+        self.samples[gin] = "hello from usg init"  # given inline on the printed `usg run` line
+        # and as a file, like every other input's sample: `usg tune/bench/quantize --inputs NAME_samples/`
+        # read it (the folder was empty for a text model, so they found "no images and no .txt files")
+        (self.sample_dir / f"{gin}.txt").write_text(self.samples[gin] + "\n", encoding="utf-8")
 
 
 def _model_doc(model_path: Path, out_dir: Path, inputs: list[ModelPort]) -> dict[str, Any]:
@@ -428,7 +443,7 @@ def write_scaffold(
     for p in inputs:
         if kinds[p.name] == "tensor":
             _check_sample_size(p)  # before anything is written
-    sample_dir.mkdir(parents=True, exist_ok=True)
+    _make_dir(sample_dir)
     w = _Writer(model_path, graph_path, sample_dir, ident, len(inputs))
     images = [p for p in inputs if kinds[p.name] == "image"]
     for p in images:

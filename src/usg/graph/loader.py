@@ -70,9 +70,10 @@ def read_graph_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise GraphError([GraphProblem(str(path), "graph file does not exist", "check the path you passed")]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise GraphError(
-            [GraphProblem(str(path), f"cannot read graph file: {exc}", "pass a UTF-8 YAML file")]
-        ) from None
+        fix = "pass a UTF-8 YAML file"
+        if path.suffix.lower() == ".onnx":  # `usg run model.onnx`: the model itself instead of a graph for it
+            fix = f"{path.name} is an ONNX model, not a graph: `usg init {path}` writes a runnable graph for it"
+        raise GraphError([GraphProblem(str(path), f"cannot read graph file: {exc}", fix)], source=str(path)) from None
     except ValueError as exc:
         raise GraphError(
             [GraphProblem(str(path), f"graph {exc}", "pass the graph's YAML file (a few KiB), not a data file")]

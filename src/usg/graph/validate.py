@@ -8,23 +8,28 @@ fixed-dim compatibility across every edge whose two ends declare a spec.
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from usg.callables import import_callable
+from usg.callables import accepted_params, import_callable
 from usg.errors import GraphError, GraphProblem
 from usg.graph.cache import CacheSpec
 from usg.graph.catalog import ModelIO, model_kinds
 from usg.graph.deploy import DeploySpec
 from usg.graph.limits import GraphLimits
 from usg.graph.model import Graph, InputDef, ModelDef, NodeDef, Ref, model_output, wireable_outputs
-from usg.graph.options import model_option_problems
+from usg.graph.options import model_option_problems, onnxruntime_option_problems
 from usg.graph.state import state_problems
 from usg.ops.signature import ListOf, PortSpec, signature_of
 from usg.specs import TensorSpec, merge_declared
 
 __all__ = ["ModelIO", "describe_model", "validate_graph"]
+
+# parameters the executor passes to a Python node's function of its own when the function names
+# them (usg.runtime.streams.StreamState.node_params): never wired
+_STREAM_PARAMS = frozenset({"session_state", "ts_ms", "flush"})
 
 
 def describe_model(model: ModelDef) -> ModelIO | None:
@@ -129,6 +134,8 @@ class _Validator:
                 )
                 continue
             self.problems += model_option_problems(where, m.options)
+            if m.backend == "onnxruntime":
+                self.problems += onnxruntime_option_problems(where, m.options)
             if kind.needs_path:
                 # a path the loader could not resolve is reported already, as models.NAME.path
                 if m.path is None and f"{where}.path" not in self.reported:
@@ -168,6 +175,7 @@ class _Validator:
                     self.add(f"{where}.fn", str(exc), "point fn at an importable 'package.module:function'")
                 else:
                     self.fn_sigs[n.name] = signature_of(func)
+                    self._fn_params(n, func)
             for port in n.map:
                 if port not in n.inputs:
                     self.add(
@@ -175,6 +183,34 @@ class _Validator:
                         f"maps over {port!r}, which is not one of its inputs",
                         _suggest(port, list(n.inputs)),
                     )
+
+    def _fn_params(self, n: NodeDef, func: Any) -> None:
+        """The node's wiring against its function's parameters: the executor calls it with each
+        wired input port as a keyword argument (plus the options it names and the stream
+        parameters it declares), so a port it does not take, or a parameter without a default that
+        nothing supplies, fails every request with a TypeError — say so here, at build time."""
+        try:
+            names, var_kw = accepted_params(func)
+            params = inspect.signature(func).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C function without a signature: cannot tell
+            return
+        where = f"nodes.{n.name}"
+        if not var_kw:
+            for port in n.inputs:
+                if port not in names:
+                    self.add(
+                        f"{where}.inputs.{port}",
+                        f"fn {n.fn!r} takes no argument {port!r}, so every call would fail",
+                        f"wire one of its parameters instead: {_suggest(port, sorted(names - set(n.options)))}",
+                    )
+        supplied = set(n.inputs) | set(n.options) | _STREAM_PARAMS
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in supplied:
+                self.add(
+                    f"{where}.inputs",
+                    f"fn {n.fn!r} needs argument {p.name!r}, which is neither wired nor in the node's options",
+                    f"add {p.name}: NODE.PORT (or inputs.NAME) under {where}.inputs, or {p.name} under its options",
+                )
 
     def out_ports(self, node: str) -> list[str] | None:
         n = self.nodes[node]

@@ -334,9 +334,18 @@ def remove_documents(index: DocumentIndex, doc_ids: Sequence[str], *, collection
     unknown = [d for d in doc_ids if d not in shard.documents]
     if unknown:
         known = sorted(shard.documents)
+        # `usg search` prints a hit's document as COLLECTION/ID: the id a reader copies from it
+        prefixed = [
+            d for d in unknown if d.startswith(f"{collection}/") and d[len(collection) + 1 :] in shard.documents
+        ]
+        hint = (
+            f"drop the collection prefix `usg search` prints ({prefixed[0][len(collection) + 1 :]!r}); or "
+            if prefixed
+            else ""
+        )
         raise UsageError(
-            f"collection {collection!r} has no document(s) {unknown}; fix: use ids as indexed, e.g. "
-            f"{known[:5]}{' …' if len(known) > 5 else ''} (usg index info INDEX lists them)"
+            f"collection {collection!r} has no document(s) {unknown}; fix: {hint}use ids as indexed, e.g. "
+            f"{known[:5]}{' …' if len(known) > 5 else ''} (`usg index info INDEX --documents` lists them)"
         )
     for d in doc_ids:
         shard.remove_document(d)

@@ -136,7 +136,12 @@ class Executor:
         loop = asyncio.get_running_loop()
         for name, model in self.graph.models.items():
             if name not in self._backends:
-                self._backends[name] = backend_for(model)
+                try:
+                    self._backends[name] = backend_for(model)
+                except GraphError as exc:  # a backend's own option check (openai: url, ${VAR}): name the file
+                    if exc.source is not None or self.graph.source is None:
+                        raise
+                    raise GraphError(exc.problems, source=str(self.graph.source)) from None
         await asyncio.gather(*(loop.run_in_executor(self._pool, b.load) for b in self._backends.values()))
         if self.cache is not None:  # hashes model files once
             await loop.run_in_executor(self._pool, self.cache.prepare)

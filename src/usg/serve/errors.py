@@ -89,10 +89,30 @@ class InternalError(USGError):
 class HTTPRouteError(USGError):
     """Starlette's own refusals (unknown path, wrong method) as a USG error with a JSON body."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, fix: str | None = None) -> None:
         self.status = status
         self.reason = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-        super().__init__(message)
+        self.fix = fix
+        self.detail = message  # without the fix, which JSON bodies carry in their own field
+        super().__init__(message if fix is None else f"{message}; fix: {fix}")
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"error": self.reason, "message": self.detail}
+        if self.fix is not None:
+            out["fix"] = self.fix
+        return out
+
+
+def _route_fix(status: int, path: str, allow: str | None) -> str | None:
+    """What to do about Starlette's own 404 / 405 (they named no fix: "Method Not Allowed: /v1/infer")."""
+    if status == 405 and allow:
+        return f"send {path} as {' or '.join(m.strip() for m in allow.split(','))}"
+    if status == 404:
+        return (
+            "use POST /v1/infer, /v2/models/{graph}/infer (and /generate), GET /metrics or /v2/health/ready; "
+            "GET /openapi.json describes /v1"
+        )
+    return None
 
 
 def rejection_reason(exc: USGError) -> str | None:
@@ -218,6 +238,8 @@ def exception_handlers(
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return await usg_error(request, HTTPRouteError(exc.status_code, f"{exc.detail}: {request.url.path}"))
+        path = request.url.path
+        fix = _route_fix(exc.status_code, path, (exc.headers or {}).get("Allow"))
+        return await usg_error(request, HTTPRouteError(exc.status_code, f"{exc.detail}: {path}", fix))
 
     return {USGError: usg_error, HTTPException: http_error}

@@ -236,19 +236,18 @@ class Session:
                 f"(burst {limits.burst}); this chunk was dropped",
                 retry_after=1.0 / limits.max_chunks_per_s,
                 why="stream_rate",
+                fix=f"send at most {limits.max_chunks_per_s:g} chunks a second (longer chunks, e.g. 100 ms of "
+                "audio each), or raise --stream-limit max_chunks_per_s=N (and burst=N)",
             )
         if len(self._pending) >= limits.max_pending_chunks:
             slow = self._events.full()
             raise Overloaded(
                 f"session {self.id}: {len(self._pending)} chunks are waiting to run (limit "
                 f"{limits.max_pending_chunks}); "
-                + (
-                    f"the reader is behind: {self._events.qsize()} events unread; fix: read events faster"
-                    if slow
-                    else "the models are behind; fix: send slower or add capacity"
-                ),
+                + (f"the reader is behind: {self._events.qsize()} events unread" if slow else "the models are behind"),
                 retry_after=0.1,
                 why="stream_backlog",
+                fix="read events faster" if slow else "send slower or add capacity",
             )
         if d.modality is Modality.AUDIO:
             value = check_audio_chunk(name, value)
@@ -469,10 +468,10 @@ class SessionManager:
         """A new session (429 past ``max_sessions``)."""
         if len(self.sessions) >= self.limits.max_sessions:
             raise Overloaded(
-                f"{len(self.sessions)} sessions are open (limit {self.limits.max_sessions}); "
-                "fix: retry later, close idle sessions, or raise --stream-limit max_sessions",
+                f"{len(self.sessions)} sessions are open (limit {self.limits.max_sessions})",
                 retry_after=1.0,
                 why="stream_sessions",
+                fix="retry later, close idle sessions, or raise --stream-limit max_sessions",
             )
         sid = session_id or f"s{next(_ids)}"
         session = Session(self, sid)

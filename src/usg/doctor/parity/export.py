@@ -14,6 +14,7 @@ torch is imported lazily: importing this module never needs it.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -88,7 +89,19 @@ def load_factory(spec: str) -> Callable[[], Any]:
             ) from exc
     func = getattr(module, attr, None)
     if not callable(func):
-        raise UsageError(f"--torch {spec!r}: {target!r} has no callable {attr!r}")
+        # functions defined in that module (not its imports): the factories the reader may have meant
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and inspect.isfunction(v) and v.__module__ == module.__name__
+        )
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f"did you mean {target}:{close[0]}? " if close else ""
+        listed = ", ".join(names[:20]) or "(none)"
+        raise UsageError(
+            f"--torch {spec!r}: {target!r} has no callable {attr!r}; fix: {hint}name a function it defines "
+            f"that returns (model, example_inputs): {listed}"
+        )
     return func
 
 
