@@ -274,9 +274,11 @@ def _glyph_line() -> Any:
 
 
 def sample_inputs(graph: Any) -> dict[str, Any]:
-    """One synthetic value per graph input, from its modality and declared spec."""
+    """One synthetic value per graph input, from its modality and declared spec (a ``timestamped``
+    input gets a list of one item at ts_ms 0, the form requests send)."""
     import numpy as np
 
+    from usg.runtime.inputs import ITEM_KEYS
     from usg.specs import Modality
 
     out: dict[str, Any] = {}
@@ -291,6 +293,8 @@ def sample_inputs(graph: Any) -> dict[str, Any]:
             shape = [d_ if isinstance(d_, int) else 2 for d_ in (spec.shape or (16000,))] if spec else [16000]
             lo = spec.range[0] if spec is not None and spec.range is not None else 0
             out[name] = np.full(shape, lo, dtype=dtype)
+        if d.timestamped:
+            out[name] = [{ITEM_KEYS[d.modality]: out[name], "ts_ms": 0.0}]
     return out
 
 
