@@ -157,7 +157,7 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                 yield tf(
                     C_NAMES,
                     m,
-                    f"config {kind} {t.name!r} is not a {kind} of {model_file} (model {kind}s: {sorted(table)})",
+                    f"config {kind} {t.name!r} is not an {kind} of {model_file} (model {kind}s: {sorted(table)})",
                     f"rename it to one of {sorted(table)}",
                     element=el,
                     line=line,
@@ -183,7 +183,7 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                 )
             if kind == "input" and t.allow_ragged_batch:
                 yield from _ragged_findings(m, t.name, ot, model_file, line)
-            else:
+            elif mbs >= 0:  # a negative max_batch_size is TRITON005: whether dims hold the batch is unknown
                 yield from _dims_findings(m, kind, t, ot, mbs, model_file, line)
     missing = sorted(set(ins) - declared_inputs)
     if m.config.input and missing:
