@@ -90,6 +90,7 @@ def _usage(tmp: Path, graph: Path, onnx_file: Path) -> list[tuple[list[str], str
         (["doctor"], "no PATH given"),
         (["doctor", nope + ".onnx"], "does not exist"),
         (["doctor", str(onnx_file), "--format", "yaml"], "--format"),
+        (["doctor", str(onnx_file), "-o", nope + "/report.json"], "; fix: pass a writable file path"),
         (["doctor", "logs", nope + ".log"], "cannot read log file"),
         (["doctor", "parity", "--torch", "m:f", "--onnx", nope + ".onnx"], "does not exist"),
         (["doctor", "parity", "--bogus"], "No such option"),

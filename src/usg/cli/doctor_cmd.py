@@ -169,7 +169,11 @@ def doctor(
         try:
             output.write_text(text, encoding="utf-8")
         except OSError as exc:
-            click.echo(f"error: cannot write {output}: {exc.strerror}", err=True)
+            click.echo(
+                f"error: -o {output}: cannot write the report ({exc.strerror}); "
+                "fix: pass a writable file path whose folder exists",
+                err=True,
+            )
             ctx.exit(2)
         click.echo(f"wrote {output} ({len(report.findings)} findings, {report.errors} errors)", err=True)
     if dry_run:  # say so when the dry run passed (stderr: the report on stdout stays one format)
