@@ -170,6 +170,11 @@ def test_deploy_that_cannot_fill_a_batch_is_flagged(tmp_path: Path, model_file: 
         "at least 16" in f.fix
         and f.location.line == tight.splitlines().index("    relu: {num_replicas: 2, max_ongoing_requests: 4}") + 1
     )
+    assert "batches of 8 can never form" in f.message
+    # 12 requests fill one batch of 8, not two: before, this also said "batches of 8 can never form"
+    half = text + "deploy:\n  models:\n    relu: {num_replicas: 2, max_ongoing_requests: 12}\n"
+    (h,) = run_doctor([graph(tmp_path, half)]).findings
+    assert h.code == "GRAPH010" and "at most 1 of its 2 concurrent batches can be full" in h.message, h.message
     bad = text + "deploy:\n  models:\n    rleu: {num_replicas: 2}\n"
     (g,) = run_doctor([graph(tmp_path, bad)]).findings
     assert g.code == "GRAPH002" and "did you mean 'relu'" in g.fix

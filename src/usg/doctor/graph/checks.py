@@ -235,11 +235,17 @@ def check_graph_deploy(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         need = model.batch.max_size * max(1, int(model.options.get("concurrency", 1)))
         cap = policy.max_ongoing_requests
         if cap is not None and model.batch.enabled and cap < need:
+            size, batches = model.batch.max_size, need // model.batch.max_size
+            effect = (
+                f"batches of {size} can never form"
+                if cap < size
+                else f"at most {cap // size} of its {batches} concurrent batches can be full"
+            )
             yield finding(
                 C_DEPLOY,
                 message=(
-                    f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {model.batch.max_size} "
-                    f"× concurrency {need // model.batch.max_size}; batches of {model.batch.max_size} can never form"
+                    f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {size} "
+                    f"× concurrency {batches}; {effect}"
                 ),
                 where=Location(
                     str(path),
