@@ -47,3 +47,19 @@ def test_example_graph_padding_claim_holds():
     report = run_doctor([EXAMPLE], dry_run=True)
     assert "GRAPH023" not in codes(report)
     assert not [f for f in report.findings if f.severity.value == "error"]
+
+
+def test_rec_behind_the_detector_is_reached_and_its_pad_claim_checked(tmp_path):
+    # before: the dry run's sample image (a plain dark bar) gave PP-OCRv4 det no text line, so crops/cls/rec ran on
+    # an empty list, rec's pad claim was never tested and the dry run "passed"
+    from usg.graph import load_graph
+
+    load_graph(EXAMPLE, export_missing=True)  # MiniLM is exported on first use
+    text = EXAMPLE.read_text()
+    rec_batch = "    batch: {max_size: 8, max_delay_ms: 3}\n"
+    assert rec_batch in text
+    g = tmp_path / "graph.yaml"
+    padded = "    batch: {max_size: 8, max_delay_ms: 3, pad: {axes: [3], multiple: 32}}\n"
+    g.write_text(text.replace(rec_batch, padded, 1))
+    (finding,) = [f for f in run_doctor([g], dry_run=True).findings if f.code == "GRAPH023"]
+    assert finding.evidence["model"] == "rec" and finding.evidence["drift"]["softmax_11.tmp_0"] > 1e-3

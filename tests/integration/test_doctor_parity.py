@@ -263,3 +263,28 @@ def test_a_size_whose_input_would_pass_a_gibibyte_is_refused_before_it_is_made()
     """--sizes batch=100000000 on a [1, 4] input allocated 12.8 GB before comparing."""
     with pytest.raises(UsageError, match=r"shape \[100000000, 4\] \(torch.float32\) would take 1.5 GiB"):
         run_parity(_double, None, None, sizes={"batch": [100_000_000]})
+
+
+class _Masked(torch.nn.Module):
+    def forward(self, ids, mask):
+        return (ids.float() * mask.float()).sum(-1)
+
+
+def _masked():
+    return _Masked(), {"ids": torch.randint(0, 100, (2, 5)), "mask": torch.ones(2, 5, dtype=torch.long)}
+
+
+@pytest.mark.parametrize(
+    ("axes", "sizes", "match"),
+    [
+        # before: the misspelt 'maks' was ignored, only ids grew, torch failed at every case (PAR004 warnings, exit 0)
+        ("ids:0=batch,1=seq;maks:0=batch,1=seq", None, r"names input 'maks'.*fix: did you mean 'mask'\?"),
+        # before: a PAR003 "exporter failed" error
+        ("ids:5=batch", None, r"axis 5, but its example is rank 2.*fix: use an axis from 0 to 1"),
+        # before: the unknown symbol was ignored and the default sizes ran (exit 0)
+        (None, {"sqe": [3, 9]}, r"--sizes names symbol\(s\) \['sqe'\].*symbols: \['batch'\]"),
+    ],
+)
+def test_dynamic_axes_and_sizes_that_name_nothing_are_usage_errors(axes, sizes, match) -> None:
+    with pytest.raises(UsageError, match=match):
+        run_parity(_masked, None, parse_dynamic_axes(axes), sizes=sizes)

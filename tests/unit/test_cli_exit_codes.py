@@ -90,6 +90,7 @@ def _usage(tmp: Path, graph: Path, onnx_file: Path) -> list[tuple[list[str], str
         (["doctor"], "no PATH given"),
         (["doctor", nope + ".onnx"], "does not exist"),
         (["doctor", str(onnx_file), "--format", "yaml"], "--format"),
+        (["doctor", str(onnx_file), "-o", nope + "/report.json"], "; fix: pass a writable file path"),
         (["doctor", "logs", nope + ".log"], "cannot read log file"),
         (["doctor", "parity", "--torch", "m:f", "--onnx", nope + ".onnx"], "does not exist"),
         (["doctor", "parity", "--bogus"], "No such option"),
@@ -278,3 +279,27 @@ def test_nan_and_inf_stream_limits_exit_2(value, graph, capsys):
     pytest.importorskip("starlette", reason="usg serve needs usg[serve]")
     code, _, err = run_cli(["serve", str(graph), "--port", "0", "--stream-limit", f"max_chunks_per_s={value}"], capsys)
     assert code == EXIT_USAGE and "max_chunks_per_s must be a finite, positive float" in err, err
+
+
+@pytest.mark.parametrize(
+    ("source", "factory", "message"),
+    [
+        # before: "internal error: ModuleNotFoundError ... This is a bug in usg" (exit 1)
+        (
+            "import nonexistent_pkg_xyz\n",
+            "f",
+            r"importing '.*factories\.py' raised ModuleNotFoundError: .* \(at .*factories\.py:1\); "
+            r"fix: install the package that provides 'nonexistent_pkg_xyz'",
+        ),
+        # before: "internal error: SyntaxError ..."
+        ("def f(:\n", "f", r"raised SyntaxError: .*factories\.py, line 1.*; fix: correct '.*factories\.py'"),
+        # before: "'factories.py' has no callable 'mdoel'" with no fix
+        ("def model():\n    pass\n", "mdoel", r"has no callable 'mdoel'; fix: did you mean \S+:model\?"),
+    ],
+)
+def test_parity_factory_file_that_does_not_import_is_the_users_error(tmp_path, capsys, source, factory, message):
+    pytest.importorskip("torch")
+    path = tmp_path / "factories.py"
+    path.write_text(source)
+    code, _, err = run_cli(["doctor", "parity", "--torch", f"{path}:{factory}"], capsys)
+    assert code == EXIT_USAGE and re.search(message, err) and "internal error" not in err, (code, err)

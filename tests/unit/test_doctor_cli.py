@@ -97,6 +97,28 @@ def test_parse_targets() -> None:
         parse_targets("ort")
     with pytest.raises(UsageError, match="RUNTIME=VERSION"):
         parse_targets("openvino=2024.1")
+    with pytest.raises(UsageError, match="names ort twice"):
+        parse_targets("ort=1.17,onnxruntime=1.20")
+
+
+def test_repeated_target_flags_all_count(tmp_path: Path) -> None:
+    # before: click kept only the last --target, so ort=1.17 was silently not checked
+    p = tmp_path / "m.onnx"
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", T.FLOAT, ["N", 3])],
+            [helper.make_tensor_value_info("y", T.FLOAT, ["N", 3])],
+        ),
+        opset_imports=[helper.make_opsetid("", 21)],
+    )
+    m.ir_version = 10
+    onnx.save(m, str(p))
+    result = invoke(str(p), "--target", "ort=1.17", "--target", "tensorrt=8.6", "--format", "json")
+    assert result.exit_code == 1, result.output
+    runtimes = sorted(f["evidence"]["runtime"] for f in json.loads(result.output)["findings"] if f["code"] == "ONNX004")
+    assert runtimes == ["onnxruntime", "tensorrt"]
 
 
 def test_missing_check_modules_are_skipped_but_broken_ones_raise(

@@ -122,6 +122,23 @@ def test_dry_run_of_a_valid_graph(tmp_path: Path, model_file: Path) -> None:
     assert run_doctor([graph(tmp_path, GOOD)], dry_run=True).findings == []
 
 
+def test_dry_run_sends_timestamped_inputs_as_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: a `timestamped: true` input got a bare array, so the dry run of a correct graph (examples/lecture_index)
+    # failed with GRAPH021 "frames: expected a list of timestamped items, got ndarray"
+    (tmp_path / "doctor_stamped_ops.py").write_text(
+        "def count(frames):\n    assert frames[0]['image'].ndim == 3 and frames[0]['ts_ms'] == 0.0\n"
+        "    return {'n': len(frames)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (
+        "name: stamped\n"
+        "inputs:\n  frames: {modality: image, timestamped: true}\n"
+        "nodes:\n  n: {fn: 'doctor_stamped_ops:count', inputs: {frames: inputs.frames}}\n"
+        "outputs: {n: n.n}\n"
+    )
+    assert run_doctor([graph(tmp_path, text)], dry_run=True).findings == []
+
+
 def test_graph_models_get_the_onnx_checks_once(tmp_path: Path) -> None:
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -153,6 +170,11 @@ def test_deploy_that_cannot_fill_a_batch_is_flagged(tmp_path: Path, model_file: 
         "at least 16" in f.fix
         and f.location.line == tight.splitlines().index("    relu: {num_replicas: 2, max_ongoing_requests: 4}") + 1
     )
+    assert "batches of 8 can never form" in f.message
+    # 12 requests fill one batch of 8, not two: before, this also said "batches of 8 can never form"
+    half = text + "deploy:\n  models:\n    relu: {num_replicas: 2, max_ongoing_requests: 12}\n"
+    (h,) = run_doctor([graph(tmp_path, half)]).findings
+    assert h.code == "GRAPH010" and "at most 1 of its 2 concurrent batches can be full" in h.message, h.message
     bad = text + "deploy:\n  models:\n    rleu: {num_replicas: 2}\n"
     (g,) = run_doctor([graph(tmp_path, bad)]).findings
     assert g.code == "GRAPH002" and "did you mean 'relu'" in g.fix

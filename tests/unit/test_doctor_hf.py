@@ -158,6 +158,17 @@ def test_image_tokens_beyond_max_length(tmp_path: Path) -> None:
     _edit(d / "tokenizer_config.json", model_max_length=2048)
     [f] = _errors(d)
     assert f.code == "HF005" and (f.evidence["image_tokens"], f.evidence["limit"]) == (2928, 2048)
+    assert "image_grid_pinpoints" in f.fix and "model_max_length in tokenizer_config.json" in f.fix
+
+
+def test_fixed_token_family_beyond_max_length_is_not_told_to_lower_the_resolution(tmp_path: Path) -> None:
+    # LLaVA-1.5 takes 576 tokens for any image: before, the fix said "lower the image resolution (max_pixels /
+    # image_grid_pinpoints)", settings this model does not have
+    d = _copy(tmp_path, "llava-1.5-7b-hf")
+    _edit(d / "tokenizer_config.json", model_max_length=512)
+    [f] = _errors(d)
+    assert f.code == "HF005" and (f.evidence["image_tokens"], f.evidence["limit"]) == (576, 512)
+    assert "resolution" not in f.fix and "raise model_max_length in tokenizer_config.json above 576" in f.fix
 
 
 def test_image_token_id_not_in_tokenizer(tmp_path: Path) -> None:

@@ -62,3 +62,15 @@ def test_a_tight_max_pixels_bound_names_max_tokens(tmp_path: Path) -> None:
     (f,) = _doctor(tmp_path, limits="limits: {max_image_pixels: 1000000}", extra=", max_model_len: 1500")
     # 1394 + 12 + 256 = 1662 > 1500: max_tokens 256 - 162 = 94 would fit
     assert "= 1662, above max_model_len 1500" in f.message and "lower options.max_tokens to 94" in f.fix
+
+
+def test_a_fixed_count_family_is_not_told_to_send_smaller_images(tmp_path: Path) -> None:
+    # LLaVA-1.5 takes (336/14)² = 576 tokens whatever the image size: a smaller image cannot help
+    llava = QWEN.parent / "llava-1.5-7b-hf"
+    path = tmp_path / "graph.yaml"
+    path.write_text(GRAPH.format(limits="", shape="", hf=llava, extra=", max_model_len: 700", vlm=""))
+    (f,) = run_doctor([path]).findings
+    assert f.code == "GRAPH030" and f.evidence["image_tokens"] == 576
+    # 576 + 12 + 256 = 844 > 700: max_tokens 256 - 144 = 112 fits
+    assert "smaller image" not in f.fix, f.fix
+    assert "lower options.max_tokens to 112" in f.fix and "--max-model-len 844" in f.fix

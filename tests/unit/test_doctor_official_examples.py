@@ -143,6 +143,104 @@ def test_overridable_initializer_is_a_legitimate_input(tmp_path: Path) -> None:
     assert [(f.code, f.message) for f in findings if f.severity.value == "error"] == []
 
 
+# Triton's ragged-batch QA model: qa/common/gen_qa_ragged_models.py (commit e1db8a6) writes this config with
+# create_modelconfig(models_dir, 4, np.float32, "onnxruntime", "onnx") and the model with create_onnx_modelfile.
+RAGGED_CONFIG = """
+name: "onnx_batch_input"
+
+backend: "onnxruntime"
+
+max_batch_size: 4
+version_policy: { latest { num_versions: 1 }}
+input [
+  {
+    name: "RAGGED_INPUT"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+    allow_ragged_batch: true
+  }
+]
+output [
+  {
+    name: "RAGGED_OUTPUT"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+   }
+]
+output [
+  {
+    name: "BATCH_AND_SIZE_OUTPUT"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+   }
+]
+output [
+  {
+    name: "BATCH_OUTPUT"
+    data_type: TYPE_FP32
+    dims: [ -1 ]
+   }
+]
+batch_input [
+  {
+    kind: BATCH_ELEMENT_COUNT
+    target_name: "BATCH_AND_SIZE_INPUT"
+    data_type: TYPE_FP32
+    source_input: "RAGGED_INPUT"
+  },
+  {
+    kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO
+    target_name: "BATCH_INPUT"
+    data_type: TYPE_FP32
+    source_input: "RAGGED_INPUT"
+  }
+]
+dynamic_batching {
+  max_queue_delay_microseconds: 1000000
+}
+"""
+
+
+def _ragged_repository(tmp_path: Path, ragged_shape: list[int | str]) -> Path:
+    d = tmp_path / "repo" / "onnx_batch_input"
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(RAGGED_CONFIG)
+    names = ("RAGGED", "BATCH_AND_SIZE", "BATCH")
+    inputs = [helper.make_tensor_value_info(f"{n}_INPUT", T.FLOAT, [f"{n}_len"]) for n in names]
+    inputs[0] = helper.make_tensor_value_info("RAGGED_INPUT", T.FLOAT, ragged_shape)
+    outputs = [helper.make_tensor_value_info(f"{n}_OUTPUT", T.FLOAT, ["batch", f"{n}_out"]) for n in names]
+    nodes = [
+        helper.make_node("Constant", [], ["shape"], value=helper.make_tensor("const_shape", T.INT64, [2], [1, -1])),
+        helper.make_node(
+            "Constant", [], ["expander_shape"], value=helper.make_tensor("const_expander_shape", T.INT64, [2], [-1, 1])
+        ),
+        helper.make_node("Reshape", ["RAGGED_INPUT", "shape"], ["in_mat"]),
+        helper.make_node("Reshape", ["BATCH_AND_SIZE_INPUT", "shape"], ["bs_mat"]),
+        helper.make_node("Reshape", ["BATCH_INPUT", "shape"], ["batch_mat"]),
+        helper.make_node("Div", ["BATCH_AND_SIZE_INPUT", "BATCH_AND_SIZE_INPUT"], ["output_expander_int"]),
+        helper.make_node("Reshape", ["output_expander_int", "expander_shape"], ["output_expander"]),
+        helper.make_node("MatMul", ["output_expander", "in_mat"], ["RAGGED_OUTPUT"]),
+        helper.make_node("MatMul", ["output_expander", "bs_mat"], ["BATCH_AND_SIZE_OUTPUT"]),
+        helper.make_node("MatMul", ["output_expander", "batch_mat"], ["BATCH_OUTPUT"]),
+    ]
+    _save(helper.make_graph(nodes, "onnx_batch_input", inputs, outputs), d / "1" / "model.onnx", 8, 13)
+    return d
+
+
+def test_ragged_input_and_batch_input_targets_are_model_inputs(tmp_path: Path) -> None:
+    _needs_triton()
+    findings = run_doctor([_ragged_repository(tmp_path, ["RAGGED_len"])]).findings
+    assert [(f.code, f.message) for f in findings if f.code.startswith(("TRITON", "DOCTOR"))] == []
+
+
+def test_ragged_input_the_model_does_not_take_flat_is_reported(tmp_path: Path) -> None:
+    _needs_triton()
+    findings = run_doctor([_ragged_repository(tmp_path, ["batch", 8])]).findings
+    [f] = [f for f in findings if f.code.startswith("TRITON")]
+    assert f.code == "TRITON022" and f.evidence["tensor"] == "RAGGED_INPUT"
+    assert f.evidence["model_shape"] == [-1, 8] and "shape [-1]" in f.fix
+
+
 # -- items 7-9: ONNX backend-test models and silero-vad -----------------------------------------
 
 NODE_COPIES = Path(__file__).parents[1] / "resources" / "doctor" / "onnx_backend_node"

@@ -134,6 +134,18 @@ def test_opset_vs_target_tensorrt(tmp_path: Path) -> None:
     assert f.evidence["model_opset"] == 19
 
 
+def test_a_release_older_than_the_tables_is_bounded_by_the_oldest_row(tmp_path: Path) -> None:
+    # before: ort=1.5 and tensorrt=7.2 matched no table row and the model passed unchecked
+    p = save(tmp_path, relu_model(["N", 3], opset=21, ir=10))
+    fs = findings(p, "ort=1.5,tensorrt=7.2")
+    assert only(fs, "ONNX003").evidence["max_ir_version"] == 7
+    ort, trt = sorted((f for f in fs if f.code == "ONNX004"), key=lambda f: f.evidence["runtime"])
+    assert ort.evidence["max_opset"] == 12
+    assert "predates ONNX Runtime 1.6, which supports at most opset 12" in ort.message
+    assert trt.evidence["max_opset"] == 13 and "predates TensorRT 8.0" in trt.message
+    assert codes(findings(save(tmp_path, relu_model(["N", 3], opset=11, ir=6)), "ort=1.5,tensorrt=7.2")) == set()
+
+
 def test_custom_domain_op(tmp_path: Path) -> None:
     m = model(
         [helper.make_node("FancyNorm", ["x"], ["y"], name="fn", domain="acme.ops")],

@@ -117,7 +117,8 @@ def _progress() -> tuple[Any, Any]:
     "--target",
     "target",
     metavar="RUNTIME=VER,...",
-    help="Deploy runtimes to check against, e.g. ort=1.20,tensorrt=10.3.",
+    multiple=True,
+    help="Deploy runtimes to check against, e.g. ort=1.20,tensorrt=10.3 (repeatable).",
 )
 @click.option("--dry-run", is_flag=True, help="Also push sample inputs through USG graphs (contract check).")
 @click.option("--list-checks", is_flag=True, help="Document every finding code and exit.")
@@ -127,7 +128,7 @@ def doctor(
     paths: tuple[Path, ...],
     fmt: str,
     output: Path | None,
-    target: str | None,
+    target: tuple[str, ...],
     dry_run: bool,
     list_checks: bool,
 ) -> None:
@@ -153,7 +154,7 @@ def doctor(
 
     progress, update = _progress()
     try:
-        report = run_doctor(paths, targets=target, dry_run=dry_run, progress=update)
+        report = run_doctor(paths, targets=",".join(target), dry_run=dry_run, progress=update)
     except (UsageError, MissingDependency) as exc:  # the CLI's one exit-code rule: usage 2, missing extra 1
         fail(exc, ctx)
     finally:
@@ -168,7 +169,11 @@ def doctor(
         try:
             output.write_text(text, encoding="utf-8")
         except OSError as exc:
-            click.echo(f"error: cannot write {output}: {exc.strerror}", err=True)
+            click.echo(
+                f"error: -o {output}: cannot write the report ({exc.strerror}); "
+                "fix: pass a writable file path whose folder exists",
+                err=True,
+            )
             ctx.exit(2)
         click.echo(f"wrote {output} ({len(report.findings)} findings, {report.errors} errors)", err=True)
     if dry_run:  # say so when the dry run passed (stderr: the report on stdout stays one format)

@@ -141,6 +141,11 @@ def parse_targets(spec: str | None) -> dict[str, tuple[int, ...]]:
                 f"--target item {part!r} is not RUNTIME=VERSION; "
                 "fix: use e.g. --target ort=1.20,tensorrt=10.3 (runtimes: ort, tensorrt)"
             )
+        if key in out:
+            raise UsageError(
+                f"--target names {key} twice ({part!r} after {key}={'.'.join(map(str, out[key]))}); "
+                f"fix: give one version per runtime (check a second {key} release in another run)"
+            )
         out[key] = tuple(int(x) for x in version.strip().split("."))
     return out
 

@@ -235,11 +235,17 @@ def check_graph_deploy(path: Path, ctx: CheckContext) -> Iterator[Finding]:
         need = model.batch.max_size * max(1, int(model.options.get("concurrency", 1)))
         cap = policy.max_ongoing_requests
         if cap is not None and model.batch.enabled and cap < need:
+            size, batches = model.batch.max_size, need // model.batch.max_size
+            effect = (
+                f"batches of {size} can never form"
+                if cap < size
+                else f"at most {cap // size} of its {batches} concurrent batches can be full"
+            )
             yield finding(
                 C_DEPLOY,
                 message=(
-                    f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {model.batch.max_size} "
-                    f"× concurrency {need // model.batch.max_size}; batches of {model.batch.max_size} can never form"
+                    f"model {name!r}: deploy max_ongoing_requests {cap} < batch max_size {size} "
+                    f"× concurrency {batches}; {effect}"
                 ),
                 where=Location(
                     str(path),
@@ -253,10 +259,32 @@ def check_graph_deploy(path: Path, ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
-def sample_inputs(graph: Any) -> dict[str, Any]:
-    """One synthetic value per graph input, from its modality and declared spec."""
+def _glyph_line() -> Any:
+    """A white 96x160 image with one line of dark letter-like glyphs (stems and bars).
+
+    A text detector finds a line in it (PP-OCRv4 det boxes it and rec reads it), so the dry run
+    reaches the nodes behind the detector: crops, cls, rec. A plain dark bar is found by no
+    detector, and every per-line node ran on an empty list.
+    """
     import numpy as np
 
+    img = np.full((96, 160, 3), 255, np.uint8)
+    for i, x in enumerate(range(16, 140, 12)):
+        img[34:62, x : x + 3] = 0  # stem
+        img[34:37, x : x + 9] = 0  # top bar
+        if i % 2:
+            img[46:49, x : x + 8] = 0  # middle bar: an F
+        else:
+            img[59:62, x : x + 9] = 0  # bottom bar: an L
+    return img
+
+
+def sample_inputs(graph: Any) -> dict[str, Any]:
+    """One synthetic value per graph input, from its modality and declared spec (a ``timestamped``
+    input gets a list of one item at ts_ms 0, the form requests send)."""
+    import numpy as np
+
+    from usg.runtime.inputs import ITEM_KEYS
     from usg.specs import Modality
 
     out: dict[str, Any] = {}
@@ -265,14 +293,14 @@ def sample_inputs(graph: Any) -> dict[str, Any]:
         if d.modality is Modality.TEXT:
             out[name] = "usg doctor dry run: invoice total 42.00"
         elif d.modality is Modality.IMAGE:
-            img = np.full((96, 160, 3), 255, np.uint8)
-            img[30:60, 20:140] = 0  # a dark bar, so detectors have something to find
-            out[name] = img
+            out[name] = _glyph_line()
         else:
             dtype = spec.dtype if spec is not None and spec.dtype else "float32"
             shape = [d_ if isinstance(d_, int) else 2 for d_ in (spec.shape or (16000,))] if spec else [16000]
             lo = spec.range[0] if spec is not None and spec.range is not None else 0
             out[name] = np.full(shape, lo, dtype=dtype)
+        if d.timestamped:
+            out[name] = [{ITEM_KEYS[d.modality]: out[name], "ts_ms": 0.0}]
     return out
 
 

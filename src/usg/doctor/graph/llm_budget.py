@@ -90,12 +90,17 @@ def _image_cost(graph: Any, prompt: Any, budget: Any) -> tuple[int, str, dict[st
     return n, how, {"image_size": list(at) if at else None, "max_image_pixels": limits.max_image_pixels}
 
 
+_FIXED_COUNT_FAMILIES = ("llava", "paligemma")
+
+
 def _fix(vision: Any, room: int, need: int, limit: int, max_tokens: int) -> str:
     parts = []
+    # LLaVA-1.5 and PaliGemma (and options.image_tokens) take the same tokens for any image size
+    size_dependent = vision is not None and vision.family not in _FIXED_COUNT_FAMILIES
     if vision is not None and vision.pixels_per_token and room > 2:
         px = (room - 2) * vision.pixels_per_token
         parts.append(f"cap the processor's max_pixels at {px} (vLLM --mm-processor-kwargs '{{\"max_pixels\": {px}}}')")
-    elif room > 0:
+    elif room > 0 and size_dependent:
         parts.append("declare a smaller image (the input's shape or limits.max_image_pixels)")
     if max_tokens > need - limit:
         parts.append(f"lower options.max_tokens to {max_tokens - (need - limit)}")

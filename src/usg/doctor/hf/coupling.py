@@ -209,7 +209,9 @@ def _check_token_id(c: _Ctx) -> None:
         )
 
 
-def _check_max_length(c: _Ctx, tokens: int, what: str) -> None:
+def _check_max_length(c: _Ctx, tokens: int, what: str, shrink: str | None = None) -> None:
+    """HF005 when ``tokens`` image tokens reach a length limit. ``shrink`` names the processor setting that
+    lowers an image's tokens (None: the family takes the same tokens for any image size)."""
     limits = {
         "tokenizer model_max_length": c.tok.get("model_max_length"),
         "max_position_embeddings": c.text().get("max_position_embeddings") or c.config.get("max_position_embeddings"),
@@ -222,12 +224,24 @@ def _check_max_length(c: _Ctx, tokens: int, what: str) -> None:
                 "truncation cuts image tokens and the model then fails with 'Image features and image tokens "
                 "do not match'",
                 "tokenizer_config.json" if name.startswith("tokenizer") else "config.json",
-                "lower the image resolution (max_pixels / image_grid_pinpoints) or raise the limit; never "
-                "truncate prompts with images",
+                _max_length_fix(name, tokens, shrink),
                 image_tokens=tokens,
                 limit=int(limit),
                 limit_name=name,
             )
+
+
+def _max_length_fix(limit_name: str, tokens: int, shrink: str | None) -> str:
+    if limit_name.startswith("tokenizer"):
+        longer = f"raise model_max_length in tokenizer_config.json above {tokens}"
+    else:
+        longer = "serve a model with a longer context (max_position_embeddings)"
+    if shrink is None:
+        return (
+            f"{longer} (a smaller image does not help: every image takes {tokens} tokens); "
+            "never truncate prompts with images"
+        )
+    return f"lower the image resolution ({shrink}), or {longer}; never truncate prompts with images"
 
 
 @dataclass(frozen=True)
@@ -401,7 +415,7 @@ def _check_anyres(c: _Ctx, t: _Tower) -> None:
             _mismatch(c, tp, fm, t.cls, t.strat_m, t.strat_p, t.add_p, where, t.arithmetic())
             return
     worst = max(anyres_tokens((int(h), int(w)), t.image, t.patch, pins_m, t.feats) for h, w in pins_m)
-    _check_max_length(c, worst, "the largest anyres image")
+    _check_max_length(c, worst, "the largest anyres image", "image_grid_pinpoints")
     c.add(
         "HF000",
         f"per tile: {t.arithmetic()}; anyres up to {worst} tokens per image; processor agrees",
@@ -524,7 +538,7 @@ def _qwen2_vl(c: _Ctx) -> None:
             text_hidden=text_hidden,
         )
     max_tokens = max_px // (p_patch * p_merge) ** 2
-    _check_max_length(c, max_tokens, f"an image at max_pixels={max_px}")
+    _check_max_length(c, max_tokens, f"an image at max_pixels={max_px}", "max_pixels")
     c.add(
         "HF000",
         f"a 448x448 image: ({h}/{patch})·({w}/{patch}) patches / merge {merge}² = {feats} tokens; "

@@ -103,19 +103,32 @@ def _ort_version() -> tuple[int, ...]:
 
 
 def _compat_for(version: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The table row for ``version``; a release older than the table is bounded by the oldest row
+    (it loads at most that: an opset or IR above it is refused for certain). Newer than the table: None."""
     key = (version[0], version[1] if len(version) > 1 else 0)
     if key in ORT_COMPAT:
         return key, ORT_COMPAT[key]
+    oldest = min(ORT_COMPAT)
+    if key < oldest:
+        return oldest, ORT_COMPAT[oldest]
     return None
 
 
 def _trt_max_opset(version: tuple[int, ...]) -> tuple[tuple[int, int], int] | None:
+    """The newest table row not after ``version``; a release older than the table is bounded by the
+    oldest row (its parser imports at most that opset)."""
     key = (version[0], version[1] if len(version) > 1 else 0)
-    known = [k for k in TRT_MAX_OPSET if k <= key]
-    if not known:
-        return None
+    known = [k for k in TRT_MAX_OPSET if k <= key] or [min(TRT_MAX_OPSET)]
     best = max(known)
     return best, TRT_MAX_OPSET[best]
+
+
+def _max_of(runtime: str, version: tuple[int, ...], row: tuple[int, int], what: str, value: int) -> str:
+    """'max opset 17', or for a release older than the table 'older than 1.6, which loads at most opset 12'."""
+    key = (version[0], version[1] if len(version) > 1 else 0)
+    if key < row:
+        return f"it predates {runtime} {_v(row)}, which supports at most {what} {value}"
+    return f"max {what} {value}"
 
 
 def _v(version: tuple[int, ...]) -> str:
@@ -133,12 +146,13 @@ def check_versions(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
     if ort_target is not None:
         compat = _compat_for(ort_target)
         if compat is not None:
-            _, (max_opset, max_ir) = compat
+            row, (max_opset, max_ir) = compat
             if ir > max_ir:
                 yield _f(
                     C_IR,
                     s,
-                    f"IR version {ir} is newer than ONNX Runtime {_v(ort_target)} loads (max IR {max_ir})",
+                    f"IR version {ir} is newer than ONNX Runtime {_v(ort_target)} loads "
+                    f"({_max_of('ONNX Runtime', ort_target, row, 'IR', max_ir)})",
                     f"re-save with model.ir_version = {max_ir} (or export with an onnx package "
                     f"matching ORT {_v(ort_target)}), or deploy a newer ONNX Runtime",
                     element="ir_version",
@@ -151,7 +165,8 @@ def check_versions(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
                 yield _f(
                     C_OPSET,
                     s,
-                    f"opset {opset} is newer than ONNX Runtime {_v(ort_target)} supports (max opset {max_opset})",
+                    f"opset {opset} is newer than ONNX Runtime {_v(ort_target)} supports "
+                    f"({_max_of('ONNX Runtime', ort_target, row, 'opset', max_opset)})",
                     f"re-export with opset_version={max_opset} or convert with "
                     f"onnx.version_converter.convert_version(model, {max_opset})",
                     element="opset_import",
@@ -167,7 +182,8 @@ def check_versions(s: OnnxSubject, ctx: CheckContext) -> Iterator[Finding]:
             yield _f(
                 C_OPSET,
                 s,
-                f"opset {opset} is newer than TensorRT {_v(trt_target)}'s ONNX parser imports (max opset {trt[1]})",
+                f"opset {opset} is newer than TensorRT {_v(trt_target)}'s ONNX parser imports "
+                f"({_max_of('TensorRT', trt_target, trt[0], 'opset', trt[1])})",
                 f"re-export with opset_version={trt[1]} for TensorRT {_v(trt_target)}",
                 element="opset_import",
                 runtime="tensorrt",

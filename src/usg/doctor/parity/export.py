@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,15 +79,23 @@ def load_factory(spec: str) -> Callable[[], Any]:
             raise UsageError(f"--torch {spec!r}: cannot import {target!r} as a Python file")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # the user's file failed while importing: not a USG error
+            sys.modules.pop(mod_name, None)
+            raise _import_failed(spec, target, exc) from None
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as exc:
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not target.startswith(exc.name):  # the module's own import failed
+                raise _import_failed(spec, target, exc) from None
             raise UsageError(
                 f"--torch {spec!r}: cannot import module {target!r} ({exc}); "
                 "fix: make it importable (PYTHONPATH) or pass the file path 'path/to/file.py:factory'"
             ) from exc
+        except Exception as exc:
+            raise _import_failed(spec, target, exc) from None
     func = getattr(module, attr, None)
     if not callable(func):
         # functions defined in that module (not its imports): the factories the reader may have meant
@@ -103,6 +112,20 @@ def load_factory(spec: str) -> Callable[[], Any]:
             f"that returns (model, example_inputs): {listed}"
         )
     return func
+
+
+def _import_failed(spec: str, target: str, exc: BaseException) -> UsageError:
+    """The user's module raised while importing: say what, where, and what to do."""
+    if isinstance(exc, SyntaxError):
+        where = ""  # its message already names the file and line
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        fix = f"install the package that provides {exc.name!r} in this environment"
+    else:
+        fix = f"correct {target!r} at that line (its top-level code runs on import)"
+    return UsageError(f"--torch {spec!r}: importing {target!r} raised {type(exc).__name__}: {exc}{where}; fix: {fix}")
 
 
 def parse_dynamic_axes(text: str | None) -> DynamicAxes | None:

@@ -35,6 +35,7 @@ PAR006    shape_or_rank          ONNX Runtime fails at the export shape itself, 
 
 from __future__ import annotations
 
+import difflib
 import math
 import tempfile
 import traceback
@@ -257,6 +258,8 @@ def _run(
     """Load the factory, export (unless given), plan the shapes, run each case on both, then judge."""
     torch = import_torch()
     subj = _load_subject(torch, torch_spec)
+    if dynamic_axes is not None:
+        _check_axes_names(dynamic_axes, subj.names, subj.example)
     findings: list[Finding] = []
     given = onnx_path is not None
     exporter_used: str | None = GIVEN
@@ -289,6 +292,12 @@ def _run(
     loc_file = str(onnx_path) if not temporary else f"{subj.source} (exported, {exporter_used} exporter)"
     findings.extend(_fixed_axis_findings(axes, onnx_dims, rename, loc_file))
     export_sizes, batch_syms = _export_sizes(axes, subj.example)
+    unknown = sorted(set(sizes or {}) - set(export_sizes))
+    if unknown:
+        raise UsageError(
+            f"--sizes names symbol(s) {unknown} that no dynamic axis has (symbols: {sorted(export_sizes)}); "
+            f"fix: use one of {sorted(export_sizes)}, or declare the axis with --dynamic-axes"
+        )
     plan = plan_shapes(export_sizes, batch_syms, sizes)
     cases, feeds_by_label = _run_cases(torch, subj, onnx_path, plan, axes, rename, atol, rtol)
     findings.extend(_case_findings(cases, proto, loc_file, axes, export_sizes, atol, rtol))
@@ -359,6 +368,27 @@ def _fixed_axis_findings(
                     )
                 )
     return out
+
+
+def _check_axes_names(axes: DynamicAxes, names: Sequence[str], example: Mapping[str, Any]) -> None:
+    """--dynamic-axes must name the factory's inputs and axes they have (a typo would leave the axis fixed)."""
+    for n, ax in axes.items():
+        if n not in names:
+            close = difflib.get_close_matches(n, list(names), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(
+                f"--dynamic-axes names input {n!r}, which the model does not take (inputs: {list(names)}); "
+                f"fix: {hint}name one of the model's inputs"
+            )
+        if n not in example or not hasattr(example[n], "dim"):
+            continue
+        rank = int(example[n].dim())
+        bad = sorted(a for a in ax if not 0 <= a < rank)
+        if bad:
+            raise UsageError(
+                f"--dynamic-axes gives input {n!r} axis {bad[0]}, but its example is rank {rank} "
+                f"(shape {list(example[n].shape)}); fix: use an axis from 0 to {rank - 1}"
+            )
 
 
 def _export_sizes(axes: DynamicAxes, example: Mapping[str, Any]) -> tuple[dict[str, int], set[str]]:

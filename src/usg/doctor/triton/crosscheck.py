@@ -106,7 +106,7 @@ def implicit_inputs(config: Any) -> set[str]:
     """
     seq = config.sequence_batching
     names = {c.name for c in seq.control_input} | {s.input_name for s in seq.state}
-    names |= {b.target_name for b in config.batch_input}
+    names |= {target for b in config.batch_input for target in b.target_name}  # a repeated field
     return {n for n in names if n}
 
 
@@ -157,7 +157,7 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                 yield tf(
                     C_NAMES,
                     m,
-                    f"config {kind} {t.name!r} is not a {kind} of {model_file} (model {kind}s: {sorted(table)})",
+                    f"config {kind} {t.name!r} is not an {kind} of {model_file} (model {kind}s: {sorted(table)})",
                     f"rename it to one of {sorted(table)}",
                     element=el,
                     line=line,
@@ -181,7 +181,10 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
                     model_dtype=ot.dtype,
                     model_file=model_file,
                 )
-            yield from _dims_findings(m, kind, t, ot, mbs, model_file, line)
+            if kind == "input" and t.allow_ragged_batch:
+                yield from _ragged_findings(m, t.name, ot, model_file, line)
+            elif mbs >= 0:  # a negative max_batch_size is TRITON005: whether dims hold the batch is unknown
+                yield from _dims_findings(m, kind, t, ot, mbs, model_file, line)
     missing = sorted(set(ins) - declared_inputs)
     if m.config.input and missing:
         yield tf(
@@ -194,6 +197,25 @@ def _crosscheck(m: TritonModel, version: int, path: Path, ctx: CheckContext) -> 
             missing=missing,
             model_file=model_file,
             model_inputs=sorted(ins),
+        )
+
+
+def _ragged_findings(m: TritonModel, name: str, ot: OnnxTensor, model_file: str, line: int | None) -> Iterator[Finding]:
+    """A ragged input (``allow_ragged_batch``) reaches the model as one flat tensor of every request's
+    elements, so its dims are not compared; Triton's ONNX Runtime backend requires the model shape [-1]."""
+    if ot.dims != [-1]:
+        yield tf(
+            C_DIMS,
+            m,
+            f"input {name!r} has allow_ragged_batch: true, so Triton feeds it flattened (shape [-1]), but "
+            f"{model_file} declares shape {ot.dims}",
+            f"export input {name!r} as a 1-D tensor with a dynamic length (shape [-1]), or remove allow_ragged_batch",
+            element=f"input {name}",
+            line=line,
+            tensor=name,
+            model_shape=ot.dims,
+            allow_ragged_batch=True,
+            model_file=model_file,
         )
 
 
