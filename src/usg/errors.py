@@ -29,6 +29,7 @@ __all__ = [
     "BackendError",
     "ContractError",
     "DeferredValueRead",
+    "FixableError",
     "GraphError",
     "GraphProblem",
     "InputError",
@@ -92,7 +93,23 @@ class GraphError(USGError):
         }
 
 
-class InputError(USGError):
+class FixableError(USGError):
+    """An error whose message and fix travel apart: ``str()`` reads "MESSAGE; fix: FIX", JSON bodies and
+    stream events carry ``message`` (without the fix) and ``fix`` in their own fields."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        self.fix = fix
+        self.detail = message
+        super().__init__(message if fix is None else f"{message}; fix: {fix}")
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"error": self.reason, "message": self.detail}
+        if self.fix is not None:
+            out["fix"] = self.fix
+        return out
+
+
+class InputError(FixableError):
     """A request input is missing, malformed or of the wrong kind."""
 
     status = 400
@@ -100,17 +117,12 @@ class InputError(USGError):
 
     def __init__(self, message: str, *, field: str | None = None, fix: str | None = None) -> None:
         self.field = field
-        self.fix = fix
-        self.detail = message  # without the fix, which JSON bodies carry in their own field
-        text = message if fix is None else f"{message}; fix: {fix}"
-        super().__init__(text)
+        super().__init__(message, fix)
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"error": self.reason, "message": self.detail}
+        out = super().to_dict()
         if self.field is not None:
             out["field"] = self.field
-        if self.fix is not None:
-            out["fix"] = self.fix
         return out
 
 
@@ -151,7 +163,7 @@ class RequestTimeout(USGError):
     reason = "timeout"
 
 
-class Overloaded(USGError):
+class Overloaded(FixableError):
     """Capacity is exhausted; the caller should retry after ``retry_after`` seconds."""
 
     status = 429
@@ -162,15 +174,7 @@ class Overloaded(USGError):
     ) -> None:
         self.retry_after = retry_after
         self.why = why
-        self.fix = fix
-        self.detail = message  # without the fix, which JSON bodies and stream events carry in their own field
-        super().__init__(message if fix is None else f"{message}; fix: {fix}")
-
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"error": self.reason, "message": self.detail}
-        if self.fix is not None:
-            out["fix"] = self.fix
-        return out
+        super().__init__(message, fix)
 
 
 class StateError(USGError):

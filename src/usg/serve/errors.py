@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from usg.errors import InputError, Overloaded, PayloadTooLarge, RequestTimeout, StateError, USGError
+from usg.errors import FixableError, InputError, Overloaded, PayloadTooLarge, RequestTimeout, StateError, USGError
 from usg.serve.decode import safe_text
 
 __all__ = [
@@ -86,21 +86,13 @@ class InternalError(USGError):
     reason = "internal"
 
 
-class HTTPRouteError(USGError):
+class HTTPRouteError(FixableError):
     """Starlette's own refusals (unknown path, wrong method) as a USG error with a JSON body."""
 
     def __init__(self, status: int, message: str, fix: str | None = None) -> None:
         self.status = status
         self.reason = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-        self.fix = fix
-        self.detail = message  # without the fix, which JSON bodies carry in their own field
-        super().__init__(message if fix is None else f"{message}; fix: {fix}")
-
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"error": self.reason, "message": self.detail}
-        if self.fix is not None:
-            out["fix"] = self.fix
-        return out
+        super().__init__(message, fix)
 
 
 def _route_fix(status: int, path: str, allow: str | None) -> str | None:
