@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -64,3 +65,34 @@ def test_a_deploy_that_failed_on_its_own_is_not_deleted_again(
     with pytest.raises(StateError):
         _run()
     assert cluster["deleted"] == []
+
+
+def test_ctrl_c_while_ray_starts_is_not_lost_and_nothing_is_deployed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray.init forks Ray's processes; a Ctrl-C due at a fork is handled inside Python's at-fork hooks
+    (logging's), which print its KeyboardInterrupt as "Exception ignored" and go on. It used to be lost
+    there: the graph was deployed and served anyway."""
+    import usg.scale.ray_app as ray_app
+
+    seen: dict[str, Any] = {"deployed": 0, "shutdown": 0}
+
+    def ray_init_with_a_ctrl_c_at_a_fork(address: str | None) -> None:
+        # the handler as Python runs it in an at-fork hook: an exception it raises is dropped
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # type: ignore[operator]
+
+    def deploy(graph: Any, *args: Any, **kwargs: Any) -> str:
+        seen["deployed"] += 1
+        os.kill(os.getpid(), signal.SIGTERM)  # (so that the old code's serving loop ends)
+        return "http://127.0.0.1:8000"
+
+    monkeypatch.setattr(ray_app, "connect_ray", ray_init_with_a_ctrl_c_at_a_fork)
+    monkeypatch.setattr(ray_app, "deploy_graph", deploy)
+    monkeypatch.setattr(ray_app, "shutdown_ray", lambda: seen.__setitem__("shutdown", seen["shutdown"] + 1))
+    monkeypatch.setattr(serve, "status", lambda: pytest.fail("not reached: nothing is deployed"))
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        serve_on_ray(str(GRAPH), "127.0.0.1", 8000, 64, 32.0, 60.0, None)  # a private local Ray
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert seen == {"deployed": 0, "shutdown": 1}  # stopped: nothing deployed, the private Ray shut down
