@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from usg.errors import StateError
+from usg.errors import GraphError, StateError
 from usg.scale.ray_options import PlannedDeployment
 from usg.scale.ray_rollout import deployment_failure, describe, unfit_deployments, wait_until_running
 
@@ -40,6 +41,26 @@ def test_replicas_that_fit_one_by_one_but_not_together_are_named() -> None:
     two_nodes = [*CPU_BOX, {"CPU": 2.0}]
     assert unfit_deployments(plan, two_nodes) == []
     assert unfit_deployments([planned("model-det"), planned("router")], CPU_BOX) == []  # num_cpus 0: fits
+
+
+def test_a_deploy_section_this_machine_cannot_fit_is_a_graph_error_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph file is what to change (docs/index.md: exit 2 is for a wrong command line)."""
+    ray = pytest.importorskip("ray")
+    from usg.cli import EXIT_FAILED, exit_code_for
+    from usg.scale.ray_rollout import check_fits
+
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": CPU_BOX[0]}])
+    minilm = dataclasses.replace(planned("model-minilm", gpus=1), target="minilm")
+    plan = [minilm, PlannedDeployment("router", "router", "", {"ray_actor_options": {}})]
+    with pytest.raises(GraphError, match=r"graph 'g\.yaml' is invalid: 1 problem") as info:
+        check_fits(plan, private=True, warn=pytest.fail, source="g.yaml")
+    (problem,) = info.value.problems
+    assert problem.where == "deploy.models.minilm"
+    assert "model-minilm needs {GPU: 1} per replica × 1: no node has that (the largest has GPU 0)" in problem.message
+    assert "--ray-address" in problem.fix and exit_code_for(info.value) == EXIT_FAILED
+    warned: list[str] = []
+    check_fits(plan, private=False, warn=warned.append)  # a joined cluster may grow: a warning
+    assert "model-minilm needs {GPU: 1}" in warned[0]
 
 
 @dataclass

@@ -336,7 +336,7 @@ def deploy_graph(
     warn: Callable[[str], None] = log.warning,
 ) -> str:
     """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL once every
-    deployment runs. UsageError up front when the deployments cannot fit a private local Ray;
+    deployment runs. GraphError up front when the deployments cannot fit a private local Ray;
     StateError with Serve's diagnosis when they fail or are not up within ``deploy_timeout_s``
     (the application is deleted then, as when the wait is interrupted)."""
     serve = _serve()
@@ -346,7 +346,8 @@ def deploy_graph(
 
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
-    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here, warn=warn)
+    source = str(graph.source) if graph.source else None
+    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here, warn=warn, source=source)
     serve.start(http_options={"host": host, "port": port})
     _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from usg.errors import StateError, UsageError
+from usg.errors import GraphError, GraphProblem, StateError
 from usg.scale.ray_options import PlannedDeployment
 
 __all__ = ["Unfit", "check_fits", "deployment_failure", "describe", "unfit_deployments", "wait_until_running"]
@@ -67,21 +67,39 @@ def unfit_deployments(plan: Sequence[PlannedDeployment], nodes: Sequence[Mapping
     return out
 
 
-def check_fits(plan: Sequence[PlannedDeployment], *, private: bool, warn: Callable[[str], None]) -> None:
-    """Raise (private local Ray) or warn (joined cluster) when deployments cannot be scheduled now."""
+def check_fits(
+    plan: Sequence[PlannedDeployment], *, private: bool, warn: Callable[[str], None], source: str | None = None
+) -> None:
+    """Raise (private local Ray: GraphError, the graph's ``deploy:`` is what to change; ``source``
+    names the file) or warn (joined cluster) when deployments cannot be scheduled now."""
     import ray
 
     nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
     unfit = unfit_deployments(plan, nodes)
     if not unfit:
         return
-    lines = "; ".join(f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}" for u in unfit)
     if private:
-        raise UsageError(
-            f"the graph's deploy: section does not fit this machine's Ray: {lines}; fix: lower num_cpus / "
-            "num_gpus / replicas in deploy:, or join a cluster that has the resources (--ray-address)"
+        kinds = {d.name: (d.kind, d.target) for d in plan}
+        raise GraphError(
+            [
+                GraphProblem(
+                    _deploy_key(*kinds.get(u.deployment, ("router", ""))),
+                    f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}, "
+                    "which this machine's private Ray cannot give",
+                    "lower num_cpus / num_gpus / replicas there, or join a cluster that has the resources "
+                    "(--ray-address)",
+                )
+                for u in unfit
+            ],
+            source=source,
         )
+    lines = "; ".join(f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}" for u in unfit)
     warn(f"{lines}; waiting for the cluster to grow (an autoscaler) until the deploy timeout")
+
+
+def _deploy_key(kind: str, target: str) -> str:
+    """Where in the graph file a deployment is scaled: ``deploy.models.det``, ``deploy.nodes.lines``."""
+    return "deploy.router" if kind == "router" else f"deploy.{kind}s.{target}"
 
 
 def _fmt(need: Mapping[str, float]) -> str:
