@@ -132,3 +132,15 @@ def test_a_deployment_that_may_still_come_up_is_no_failure_and_one_serve_gave_up
     deleting = Status({"g": App("DELETING", {"model-m": Dep("UPDATING")})})
     assert deployment_failure("g", "model-m", lambda: deleting) == "its application 'g' is being deleted"
     assert deployment_failure("g", "model-m", lambda: Status({})) == "its application 'g' no longer exists"
+
+
+def test_the_routers_requests_in_flight_are_read_off_its_metrics_and_waited_for() -> None:
+    from usg.scale.ray_rollout import inflight_in_metrics, wait_until_idle
+
+    text = "# HELP usg_inflight_requests HTTP inference requests being handled.\nusg_inflight_requests 4.0\n"
+    assert inflight_in_metrics(text) == 4.0 and inflight_in_metrics("usg_batch_size_count 1.0\n") is None
+    seen = iter([3.0, 1.0, 0.0, 5.0])
+    slept: list[float] = []
+    assert wait_until_idle(lambda: next(seen), timeout_s=60, sleep=slept.append) is True and len(slept) == 2
+    assert wait_until_idle(lambda: None, timeout_s=60, sleep=pytest.fail) is True  # unreadable: no wait
+    assert wait_until_idle(lambda: 1.0, timeout_s=0, sleep=pytest.fail) is False  # still busy at the deadline

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -96,3 +97,31 @@ def test_ctrl_c_while_ray_starts_is_not_lost_and_nothing_is_deployed(monkeypatch
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     assert seen == {"deployed": 0, "shutdown": 1}  # stopped: nothing deployed, the private Ray shut down
+
+
+def test_on_stop_the_router_finishes_its_requests_before_the_app_is_deleted(
+    cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting the app takes every model out of routing at once: requests the router was still running
+    found no replica for their next model call and failed as a bare 500 after Serve's 20 s grace."""
+    import usg.scale.ray_app as ray_app
+    from usg.scale import ray_rollout
+
+    events: list[Any] = []
+    inflight = iter([2.0, 1.0, 0.0])
+
+    def read(url: str) -> float | None:
+        events.append(("inflight", url))
+        return next(inflight)
+
+    def status() -> Any:  # read once the app runs; a Ctrl-C then, with requests in flight
+        os.kill(os.getpid(), signal.SIGTERM)
+        return SimpleNamespace(applications={"document-ocr": SimpleNamespace(deployments={"router": None})})
+
+    monkeypatch.setattr(ray_app, "deploy_graph", lambda graph, *a, **k: "http://0.0.0.0:8000")
+    monkeypatch.setattr(ray_rollout, "router_inflight", read)
+    monkeypatch.setattr(serve, "delete", lambda name: events.append(("delete", name)))
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(ray_rollout.time, "sleep", lambda s: None)
+    _run()
+    assert events == [("inflight", "http://127.0.0.1:8000")] * 3 + [("delete", "document-ocr")]

@@ -105,6 +105,19 @@ def serve_on_ray(
         if signals:
             err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:
+            if deployed:  # deleting the app takes the models out of routing at once: let the router finish first
+                from usg.scale import ray_rollout
+
+                local = url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://[::]:", "://127.0.0.1:")
+                asked = len(signals)  # one more signal (Ctrl-C again) stops the wait
+
+                def inflight() -> float | None:
+                    return None if len(signals) > asked else ray_rollout.router_inflight(local)
+
+                if not ray_rollout.wait_until_idle(inflight, timeout_s=timeout):
+                    err_console.print(
+                        f"[yellow]requests still running after --timeout {timeout:g} s: stopping anyway[/]"
+                    )
             if not joined:
                 shutdown_ray()  # our private Ray: the application drains, then Ray stops
             elif deployed or (signals and submitted):  # (a failed deploy removed its application itself)

@@ -20,7 +20,17 @@ from typing import Any
 from usg.errors import GraphError, GraphProblem, StateError
 from usg.scale.ray_options import PlannedDeployment
 
-__all__ = ["Unfit", "check_fits", "deployment_failure", "describe", "unfit_deployments", "wait_until_running"]
+__all__ = [
+    "Unfit",
+    "check_fits",
+    "deployment_failure",
+    "describe",
+    "inflight_in_metrics",
+    "router_inflight",
+    "unfit_deployments",
+    "wait_until_idle",
+    "wait_until_running",
+]
 
 
 @dataclass(frozen=True)
@@ -187,3 +197,46 @@ def deployment_failure(app_name: str, deployment: str, status: Callable[[], Any]
     if str(getattr(d.status, "value", d.status)) == "DEPLOY_FAILED":
         return f"{deployment} failed to start: {_essence(str(d.message or ''))}"
     return None
+
+
+_INFLIGHT = re.compile(r"^usg_inflight_requests(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def inflight_in_metrics(text: str) -> float | None:
+    """``usg_inflight_requests`` in a router's /metrics text (None when absent)."""
+    match = _INFLIGHT.search(text)
+    return float(match.group(1)) if match else None
+
+
+def router_inflight(url: str, timeout_s: float = 2.0) -> float | None:
+    """The requests the router behind ``url`` is handling, read off its /metrics; None when it
+    cannot be read (the proxy is on another node, or already gone)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as response:
+            return inflight_in_metrics(response.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def wait_until_idle(
+    inflight: Callable[[], float | None],
+    *,
+    timeout_s: float,
+    poll_s: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until ``inflight()`` (the router's requests in flight) is 0 or unreadable; False when
+    ``timeout_s`` passed first. Deleting a Serve application takes every model deployment out of
+    routing at once, so a request the router is still running would find no replica for its next
+    model call and fail once Serve's graceful-shutdown timeout kills the router (a bare HTTP 500
+    after 20 s): the caller waits for the router to finish first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = inflight()
+        if n is None or n <= 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        sleep(poll_s)
