@@ -49,3 +49,28 @@ def test_ray_not_installed_says_the_pip_line(monkeypatch: pytest.MonkeyPatch) ->
     ) as info:
         ray_app.connect_ray(None)
     assert exit_code_for(info.value) == EXIT_FAILED
+
+
+def test_serves_reconnect_notice_that_reads_as_if_the_port_were_ignored_is_dropped() -> None:
+    import logging
+
+    serve_log = logging.getLogger("ray.serve")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    serve_log.addHandler(handler)
+    level = serve_log.level
+    serve_log.setLevel(logging.INFO)
+    try:
+        ray_app.quiet_reconnect_notice()
+        ray_app.quiet_reconnect_notice()  # installed once
+        serve_log.info(
+            'Connecting to existing Serve app in namespace "serve". New http_options/controller_options '
+            "will not be applied."
+        )
+        serve_log.info('Started Serve in namespace "serve".')
+    finally:
+        serve_log.removeHandler(handler)
+        serve_log.setLevel(level)
+    assert seen == ['Started Serve in namespace "serve".']
+    assert sum(type(f).__name__ == "_NoReconnectNotice" for f in serve_log.filters) == 1

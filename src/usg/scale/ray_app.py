@@ -369,6 +369,7 @@ def deploy_graph(
     target = serve.RunTarget(app, name=graph.name, route_prefix=route_prefix)
     if graph.name in serve.status().applications:
         warn(f"application {graph.name!r} already runs on this cluster: Serve updates it in place; stopping deletes it")
+    quiet_reconnect_notice()
     serve.run_many([target], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     try:
         wait_until_running(graph.name, timeout_s=deploy_timeout_s, status=serve.status, progress=progress)
@@ -376,6 +377,21 @@ def deploy_graph(
         serve.delete(graph.name)
         raise
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
+
+
+class _NoReconnectNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Connecting to existing Serve app")
+
+
+def quiet_reconnect_notice() -> None:
+    """Drop Serve's "Connecting to existing Serve app ... New http_options/controller_options will
+    not be applied." line: ``serve.run_many`` prints it after the ``serve.start`` that
+    :func:`deploy_graph` just made, on every start, which reads as if ``--host``/``--port`` were
+    ignored (they are not; :func:`_check_proxy_address` says so when Serve really runs elsewhere)."""
+    serve_log = logging.getLogger("ray.serve")
+    if not any(isinstance(f, _NoReconnectNotice) for f in serve_log.filters):
+        serve_log.addFilter(_NoReconnectNotice())
 
 
 def _check_proxy_address(host: str, port: int) -> None:
