@@ -144,3 +144,34 @@ def test_the_routers_requests_in_flight_are_read_off_its_metrics_and_waited_for(
     assert wait_until_idle(lambda: next(seen), timeout_s=60, sleep=slept.append) is True and len(slept) == 2
     assert wait_until_idle(lambda: None, timeout_s=60, sleep=pytest.fail) is True  # unreadable: no wait
     assert wait_until_idle(lambda: 1.0, timeout_s=0, sleep=pytest.fail) is False  # still busy at the deadline
+
+
+def test_the_routers_metrics_are_read_directly_not_through_an_http_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from usg.scale.ray_rollout import router_inflight
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"usg_inflight_requests 3.0\n" if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # a proxy that is not there
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        assert router_inflight(url) == 3.0
+        server.shutdown()
+        assert router_inflight(url, timeout_s=1) is None  # gone: no wait
+    finally:
+        server.server_close()

@@ -208,13 +208,15 @@ def inflight_in_metrics(text: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def router_inflight(url: str, timeout_s: float = 2.0) -> float | None:
+def router_inflight(url: str, timeout_s: float = 5.0) -> float | None:
     """The requests the router behind ``url`` is handling, read off its /metrics; None when it
-    cannot be read (the proxy is on another node, or already gone)."""
+    cannot be read (the proxy is on another node, or already gone). Never through ``http_proxy``:
+    the URL is the local Serve proxy."""
     import urllib.request
 
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as response:
+        with opener.open(f"{url}/metrics", timeout=timeout_s) as response:
             return inflight_in_metrics(response.read().decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
