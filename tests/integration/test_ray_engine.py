@@ -416,7 +416,7 @@ def test_a_replica_that_cannot_start_fails_the_deploy_with_its_own_error(ray_url
 
 
 def test_deployments_that_cannot_fit_the_private_ray_are_refused_up_front(graph: Graph, ray_url: str) -> None:
-    from usg.errors import UsageError
+    from usg.errors import GraphError
     from usg.scale.ray_app import deploy_graph
     from usg.serve.app import ServeConfig
 
@@ -424,7 +424,7 @@ def test_deployments_that_cannot_fit_the_private_ray_are_refused_up_front(graph:
         graph, name="greedy", deploy=dataclasses.replace(graph.deploy, models={"det": DeployPolicy(num_gpus=1)})
     )
     port = int(ray_url.rsplit(":", 1)[1])
-    with pytest.raises(UsageError, match=r"model-det needs \{GPU: 1\} per replica × 1: no node has that"):
+    with pytest.raises(GraphError, match=r"deploy\.models\.det: model-det needs \{GPU: 1\} per replica × 1: no node"):
         deploy_graph(greedy, ServeConfig(), port=port, route_prefix="/greedy")
     assert "greedy" not in serve.status().applications
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -64,3 +66,62 @@ def test_a_deploy_that_failed_on_its_own_is_not_deleted_again(
     with pytest.raises(StateError):
         _run()
     assert cluster["deleted"] == []
+
+
+def test_ctrl_c_while_ray_starts_is_not_lost_and_nothing_is_deployed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray.init forks Ray's processes; a Ctrl-C due at a fork is handled inside Python's at-fork hooks
+    (logging's), which print its KeyboardInterrupt as "Exception ignored" and go on. It used to be lost
+    there: the graph was deployed and served anyway."""
+    import usg.scale.ray_app as ray_app
+
+    seen: dict[str, Any] = {"deployed": 0, "shutdown": 0}
+
+    def ray_init_with_a_ctrl_c_at_a_fork(address: str | None) -> None:
+        # the handler as Python runs it in an at-fork hook: an exception it raises is dropped
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # type: ignore[operator]
+
+    def deploy(graph: Any, *args: Any, **kwargs: Any) -> str:
+        seen["deployed"] += 1
+        os.kill(os.getpid(), signal.SIGTERM)  # (so that the old code's serving loop ends)
+        return "http://127.0.0.1:8000"
+
+    monkeypatch.setattr(ray_app, "connect_ray", ray_init_with_a_ctrl_c_at_a_fork)
+    monkeypatch.setattr(ray_app, "deploy_graph", deploy)
+    monkeypatch.setattr(ray_app, "shutdown_ray", lambda: seen.__setitem__("shutdown", seen["shutdown"] + 1))
+    monkeypatch.setattr(serve, "status", lambda: pytest.fail("not reached: nothing is deployed"))
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        serve_on_ray(str(GRAPH), "127.0.0.1", 8000, 64, 32.0, 60.0, None)  # a private local Ray
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    assert seen == {"deployed": 0, "shutdown": 1}  # stopped: nothing deployed, the private Ray shut down
+
+
+def test_on_stop_the_router_finishes_its_requests_before_the_app_is_deleted(
+    cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting the app takes every model out of routing at once: requests the router was still running
+    found no replica for their next model call and failed as a bare 500 after Serve's 20 s grace."""
+    import usg.scale.ray_app as ray_app
+    from usg.scale import ray_rollout
+
+    events: list[Any] = []
+    inflight = iter([2.0, 1.0, 0.0])
+
+    def read(url: str) -> float | None:
+        events.append(("inflight", url))
+        return next(inflight)
+
+    def status() -> Any:  # read once the app runs; a Ctrl-C then, with requests in flight
+        os.kill(os.getpid(), signal.SIGTERM)
+        return SimpleNamespace(applications={"document-ocr": SimpleNamespace(deployments={"router": None})})
+
+    monkeypatch.setattr(ray_app, "deploy_graph", lambda graph, *a, **k: "http://0.0.0.0:8000")
+    monkeypatch.setattr(ray_rollout, "router_inflight", read)
+    monkeypatch.setattr(serve, "delete", lambda name: events.append(("delete", name)))
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(ray_rollout.time, "sleep", lambda s: None)
+    _run()
+    assert events == [("inflight", "http://127.0.0.1:8000")] * 3 + [("delete", "document-ocr")]

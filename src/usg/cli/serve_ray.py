@@ -40,6 +40,7 @@ def serve_on_ray(
 
         make_tracer_provider(otel).shutdown()
     signals: list[int] = []
+    starting = True  # Ray is starting: a signal is noted, and acted on once ray.init returns
     deploying = True
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
@@ -47,25 +48,37 @@ def serve_on_ray(
         # is handled: `timeout` and a process manager both sending SIGTERM, Ctrl-C twice)
         nonlocal deploying
         signals.append(sig)
+        if starting and len(signals) == 1:
+            return  # the first one while Ray starts is acted on when ray.init returns (see below)
         if deploying:
             deploying = False
-            raise KeyboardInterrupt  # interrupt serve.run; the application is removed below
+            raise KeyboardInterrupt  # interrupt serve.run (or a Ray start signalled twice); cleaned up below
 
+    # Installed before Ray starts: ray.init forks Ray's processes, and Python runs a handler that is
+    # due at a fork inside the at-fork hooks (logging's), where a KeyboardInterrupt is printed as
+    # "Exception ignored" and lost: Ctrl-C went unheeded and the graph was deployed. So while Ray
+    # starts, the handler only notes the first signal (a second one interrupts the start)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with err_console.status("starting Ray"):
         connect_ray(ray_address)
     from ray import serve
 
-    # installed after ray.init (it sets its own SIGTERM handler, which would kill us uncleanly)
+    # again after ray.init (it sets its own SIGTERM handler, which would kill us uncleanly)
     # and before deploying: Serve's proxy answers /v2/health/ready as soon as the app is up
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    starting = False
 
     config = ServeConfig(
         max_inflight=max_inflight, max_body_bytes=int(max_body_mb * 2**20), timeout_s=timeout, stream=stream
     )
     joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
-    deployed = False
+    deployed = submitted = False
     try:
+        if signals:  # stopped while Ray was starting: deploy nothing
+            raise KeyboardInterrupt
+        submitted = True
         what = f"deploying {len(graph.models)} model deployment(s) and the router on Ray Serve"
         with err_console.status(what) as status:
             url = deploy_graph(
@@ -92,9 +105,22 @@ def serve_on_ray(
         if signals:
             err_console.print("[dim]stopping: the router finishes accepted requests, then Serve shuts down[/]")
         try:
+            if deployed:  # deleting the app takes the models out of routing at once: let the router finish first
+                from usg.scale import ray_rollout
+
+                local = url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://[::]:", "://127.0.0.1:")
+                asked = len(signals)  # one more signal (Ctrl-C again) stops the wait
+
+                def inflight() -> float | None:
+                    return None if len(signals) > asked else ray_rollout.router_inflight(local)
+
+                if not ray_rollout.wait_until_idle(inflight, timeout_s=timeout):
+                    err_console.print(
+                        f"[yellow]requests still running after --timeout {timeout:g} s: stopping anyway[/]"
+                    )
             if not joined:
                 shutdown_ray()  # our private Ray: the application drains, then Ray stops
-            elif deployed or signals:  # (a failed deploy removed its application itself)
+            elif deployed or (signals and submitted):  # (a failed deploy removed its application itself)
                 # a signal can land after the deploy's wait saw the application running and before `deployed`
                 # is set (Serve's proxy answers ready then): delete it then too; deleting one already gone is a no-op
                 serve.delete(graph.name)  # leave the shared cluster's other applications alone

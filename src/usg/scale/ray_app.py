@@ -58,10 +58,12 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
 
     if ray.is_initialized():
         return
+    given = "--ray-address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _started_here = False
-        _probe(address)
+        _not_a_dashboard_url(address, given)
+        _probe(address, given=given)
         token = _use_token_if_available()
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
@@ -74,7 +76,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> N
                 "exists, Ray >= 2.59), put its token in RAY_AUTH_TOKEN or ~/.ray/auth_token"
             )
             raise StateError(
-                f"cannot join the Ray cluster at {address!r}: {str(exc).splitlines()[0]}; "
+                f"cannot join the Ray cluster at {address!r} ({given}): {str(exc).splitlines()[0]}; "
                 f"fix: start it (`ray start --head`), or pass the right --ray-address / RAY_ADDRESS; {auth}"
             ) from None
     else:
@@ -255,7 +257,20 @@ def _use_token_if_available() -> bool:
         quiet.setLevel(level)
 
 
-def _probe(address: str, timeout_s: float = 5.0) -> None:
+def _not_a_dashboard_url(address: str, given: str) -> None:
+    """Refuse an http(s):// address: that is the dashboard / Jobs API, which ``ray job submit`` reads
+    from RAY_API_SERVER_ADDRESS or RAY_ADDRESS (so RAY_ADDRESS often holds one), not an address a driver joins."""
+    if address.lower().startswith(("http://", "https://")):
+        raise UsageError(
+            f"{given} is {address!r}, an HTTP address: that is the Ray dashboard / Jobs API (what `ray job "
+            "submit` takes, from RAY_API_SERVER_ADDRESS or RAY_ADDRESS), and usg serve joins the cluster as a "
+            "driver; fix: pass the head node's GCS address (host:6379), ray://host:10001 (Ray Client), or auto "
+            "(the cluster `ray start` runs here)"
+            + ("; or unset RAY_ADDRESS for a private local Ray" if given == "RAY_ADDRESS" else "")
+        )
+
+
+def _probe(address: str, timeout_s: float = 5.0, *, given: str = "--ray-address") -> None:
     """Fail fast when a host:port cluster address does not answer (Ray itself retries for minutes)."""
     target = address.removeprefix("ray://")
     host, sep, port = target.rpartition(":")
@@ -265,7 +280,7 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise StateError(
-            f"cannot reach the Ray cluster at {address!r} ({exc}); fix: start it (`ray start --head`), "
+            f"cannot reach the Ray cluster at {address!r} ({given}: {exc}); fix: start it (`ray start --head`), "
             "or pass the right --ray-address / RAY_ADDRESS (host:port of the head node's GCS, or ray://host:10001)"
         ) from None
 
@@ -336,7 +351,7 @@ def deploy_graph(
     warn: Callable[[str], None] = log.warning,
 ) -> str:
     """Start Serve's HTTP proxy on host:port and deploy the graph; returns the base URL once every
-    deployment runs. UsageError up front when the deployments cannot fit a private local Ray;
+    deployment runs. GraphError up front when the deployments cannot fit a private local Ray;
     StateError with Serve's diagnosis when they fail or are not up within ``deploy_timeout_s``
     (the application is deleted then, as when the wait is interrupted)."""
     serve = _serve()
@@ -346,13 +361,15 @@ def deploy_graph(
 
     if not ray.is_initialized():
         raise UsageError("Ray is not initialised; fix: call usg.scale.ray_app.connect_ray() first")
-    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here, warn=warn)
+    source = str(graph.source) if graph.source else None
+    check_fits(deployment_plan(graph, config.max_inflight), private=_started_here, warn=warn, source=source)
     serve.start(http_options={"host": host, "port": port})
     _check_proxy_address(host, port)
     app = build_ray_app(graph, config, timeout_s=timeout_s, otel=otel)
     target = serve.RunTarget(app, name=graph.name, route_prefix=route_prefix)
     if graph.name in serve.status().applications:
         warn(f"application {graph.name!r} already runs on this cluster: Serve updates it in place; stopping deletes it")
+    quiet_reconnect_notice()
     serve.run_many([target], wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     try:
         wait_until_running(graph.name, timeout_s=deploy_timeout_s, status=serve.status, progress=progress)
@@ -360,6 +377,21 @@ def deploy_graph(
         serve.delete(graph.name)
         raise
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"
+
+
+class _NoReconnectNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Connecting to existing Serve app")
+
+
+def quiet_reconnect_notice() -> None:
+    """Drop Serve's "Connecting to existing Serve app ... New http_options/controller_options will
+    not be applied." line: ``serve.run_many`` prints it after the ``serve.start`` that
+    :func:`deploy_graph` just made, on every start, which reads as if ``--host``/``--port`` were
+    ignored (they are not; :func:`_check_proxy_address` says so when Serve really runs elsewhere)."""
+    serve_log = logging.getLogger("ray.serve")
+    if not any(isinstance(f, _NoReconnectNotice) for f in serve_log.filters):
+        serve_log.addFilter(_NoReconnectNotice())
 
 
 def _check_proxy_address(host: str, port: int) -> None:

@@ -17,10 +17,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from usg.errors import StateError, UsageError
+from usg.errors import GraphError, GraphProblem, StateError
 from usg.scale.ray_options import PlannedDeployment
 
-__all__ = ["Unfit", "check_fits", "deployment_failure", "describe", "unfit_deployments", "wait_until_running"]
+__all__ = [
+    "Unfit",
+    "check_fits",
+    "deployment_failure",
+    "describe",
+    "inflight_in_metrics",
+    "router_inflight",
+    "unfit_deployments",
+    "wait_until_idle",
+    "wait_until_running",
+]
 
 
 @dataclass(frozen=True)
@@ -67,21 +77,39 @@ def unfit_deployments(plan: Sequence[PlannedDeployment], nodes: Sequence[Mapping
     return out
 
 
-def check_fits(plan: Sequence[PlannedDeployment], *, private: bool, warn: Callable[[str], None]) -> None:
-    """Raise (private local Ray) or warn (joined cluster) when deployments cannot be scheduled now."""
+def check_fits(
+    plan: Sequence[PlannedDeployment], *, private: bool, warn: Callable[[str], None], source: str | None = None
+) -> None:
+    """Raise (private local Ray: GraphError, the graph's ``deploy:`` is what to change; ``source``
+    names the file) or warn (joined cluster) when deployments cannot be scheduled now."""
     import ray
 
     nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
     unfit = unfit_deployments(plan, nodes)
     if not unfit:
         return
-    lines = "; ".join(f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}" for u in unfit)
     if private:
-        raise UsageError(
-            f"the graph's deploy: section does not fit this machine's Ray: {lines}; fix: lower num_cpus / "
-            "num_gpus / replicas in deploy:, or join a cluster that has the resources (--ray-address)"
+        kinds = {d.name: (d.kind, d.target) for d in plan}
+        raise GraphError(
+            [
+                GraphProblem(
+                    _deploy_key(*kinds.get(u.deployment, ("router", ""))),
+                    f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}, "
+                    "which this machine's private Ray cannot give",
+                    "lower num_cpus / num_gpus / replicas there, or join a cluster that has the resources "
+                    "(--ray-address)",
+                )
+                for u in unfit
+            ],
+            source=source,
         )
+    lines = "; ".join(f"{u.deployment} needs {_fmt(u.need)} per replica × {u.replicas}: {u.why}" for u in unfit)
     warn(f"{lines}; waiting for the cluster to grow (an autoscaler) until the deploy timeout")
+
+
+def _deploy_key(kind: str, target: str) -> str:
+    """Where in the graph file a deployment is scaled: ``deploy.models.det``, ``deploy.nodes.lines``."""
+    return "deploy.router" if kind == "router" else f"deploy.{kind}s.{target}"
 
 
 def _fmt(need: Mapping[str, float]) -> str:
@@ -169,3 +197,48 @@ def deployment_failure(app_name: str, deployment: str, status: Callable[[], Any]
     if str(getattr(d.status, "value", d.status)) == "DEPLOY_FAILED":
         return f"{deployment} failed to start: {_essence(str(d.message or ''))}"
     return None
+
+
+_INFLIGHT = re.compile(r"^usg_inflight_requests(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def inflight_in_metrics(text: str) -> float | None:
+    """``usg_inflight_requests`` in a router's /metrics text (None when absent)."""
+    match = _INFLIGHT.search(text)
+    return float(match.group(1)) if match else None
+
+
+def router_inflight(url: str, timeout_s: float = 5.0) -> float | None:
+    """The requests the router behind ``url`` is handling, read off its /metrics; None when it
+    cannot be read (the proxy is on another node, or already gone). Never through ``http_proxy``:
+    the URL is the local Serve proxy."""
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{url}/metrics", timeout=timeout_s) as response:
+            return inflight_in_metrics(response.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def wait_until_idle(
+    inflight: Callable[[], float | None],
+    *,
+    timeout_s: float,
+    poll_s: float = 0.2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until ``inflight()`` (the router's requests in flight) is 0 or unreadable; False when
+    ``timeout_s`` passed first. Deleting a Serve application takes every model deployment out of
+    routing at once, so a request the router is still running would find no replica for its next
+    model call and fail once Serve's graceful-shutdown timeout kills the router (a bare HTTP 500
+    after 20 s): the caller waits for the router to finish first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = inflight()
+        if n is None or n <= 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        sleep(poll_s)
